@@ -1,0 +1,813 @@
+#!/usr/bin/env python3
+"""Launch one vLLM instance from its TOML description (inferops.vllm).
+
+Ansible renders ``/etc/vllm/<instance>.toml``; the instance's systemd unit runs
+this launcher with the venv's python::
+
+    inferops_vllm_launch.py --config /etc/vllm/NAME.toml [--check] [--vllm-bin PATH]
+
+The launcher reads the TOML, validates it (reporting *every* problem at once,
+each naming the ``section.key``, what is wrong and what to write instead),
+builds the ``vllm serve`` argv and the environment variables, logs the final
+command, and replaces itself with vLLM via ``os.execve`` so that systemd
+supervises vLLM directly.  Standard library only (``tomli`` is used on
+Python 3.10, which has no ``tomllib``).
+
+Modes
+    default     validate, build, log ``inferops-vllm-launch: exec: <cmd>`` and one
+                ``inferops-vllm-launch: env: NAME=value`` line per variable the
+                launcher sets (secrets shown as ``<redacted>``) to stderr, exec.
+    --check     validate and build, print the same lines to stdout followed by
+                ``inferops-vllm-launch: <path>: config OK``; never execs.
+``--vllm-bin`` defaults to ``vllm`` next to the running interpreter
+(``Path(sys.executable).parent / "vllm"``).
+
+Exit codes
+    0    --check: configuration OK (default mode does not return: it execs)
+    1    no TOML parser available (Python 3.10 without tomli)
+    2    configuration problem: file missing/unreadable/not UTF-8, TOML syntax
+         error, or validation problems.  Every line on stderr reads
+         ``inferops-vllm-launch: <path>: <problem>``.  (Suggested systemd
+         setting: ``RestartPreventExitStatus=2`` so a bad file does not loop.)
+    126  the vLLM executable exists but cannot be executed
+    127  the vLLM executable does not exist
+
+Mapping (argv order: ``<vllm-bin> serve <model.name>``, then the flags below in
+table order, then ``extra.args`` verbatim)::
+
+    server.host                       --host
+    server.port                       --port                     (1..65535)
+    server.served_model_name          --served-model-name
+    server.api_key_env                names the variable holding the API key; it must be
+                                      set and non-empty; its value is exported as
+                                      VLLM_API_KEY.  Never on argv (no --api-key).
+    model.name                        positional model argument (required)
+    model.revision                    --revision
+    model.dtype                       --dtype                    (auto, bfloat16, float16, float32, half, float)
+    model.max_model_len               --max-model-len            (> 0)
+    model.quantization                --quantization             (see QUANTIZATION_METHODS)
+    model.tensor_parallel_size        --tensor-parallel-size     (>= 1)
+    model.pipeline_parallel_size      --pipeline-parallel-size   (>= 1)
+    model.enforce_eager               --enforce-eager            (only when true)
+    model.trust_remote_code           --trust-remote-code        (only when true)
+    kv_cache.quant_dtype              --kv-cache-dtype           (see KV_CACHE_DTYPES)
+    kv_cache.memory_bytes             --kv-cache-memory-bytes    (> 0; not with gpu_memory_utilization)
+    kv_cache.gpu_memory_utilization   --gpu-memory-utilization   (0 < x <= 1)
+    kv_cache.num_gpu_blocks_override  --num-gpu-blocks-override  (> 0)
+    kv_cache.block_size               --block-size               (1, 8, 16, 32, 64, 128)
+    kv_cache.enable_prefix_caching    --enable-prefix-caching / --no-enable-prefix-caching
+    scheduler.max_num_seqs            --max-num-seqs             (> 0)
+    scheduler.max_num_batched_tokens  --max-num-batched-tokens   (> 0)
+    scheduler.enable_chunked_prefill  --enable-chunked-prefill / --no-enable-chunked-prefill
+    pd_disaggregation.*               only when enabled = true: --kv-transfer-config with compact JSON
+                                      {"kv_buffer_device":..,"kv_connector":"NixlConnector","kv_role":..}
+                                      (role prefill -> kv_producer, decode -> kv_consumer;
+                                      kv_transfer_backend must be "nixl"; kv_buffer_device cuda|cpu)
+    pd_disaggregation.side_channel_host   env VLLM_NIXL_SIDE_CHANNEL_HOST (required when enabled)
+    pd_disaggregation.kv_transfer_port    env VLLM_NIXL_SIDE_CHANNEL_PORT (required when enabled, != server.port)
+    pd_disaggregation.prefill_instances / decode_instances   informational lists of http(s) URLs
+    cpu.omp_threads_bind              env VLLM_CPU_OMP_THREADS_BIND
+    cpu.kvcache_space_gib             env VLLM_CPU_KVCACHE_SPACE (> 0)
+    devices.cuda_visible_devices      env CUDA_VISIBLE_DEVICES
+    [environment]                     extra NAME = "value" variables (names [A-Z_][A-Z0-9_]*; may not set
+                                      a variable the launcher owns, nor the API key)
+    extra.args                        appended to argv; may not pass a flag the launcher generates
+                                      (nor --api-key, --config, --model), in any spelling vLLM accepts
+
+Rejected keys (removed or never-existing vLLM features) are reported with the
+replacement to use; see REJECTED_KEYS.
+
+Python API (used by the unit tests):
+    validate(config, environ=None) -> list[str]   all problems; environment-dependent
+                                                  checks run only when environ is given
+    build(config, environ) -> (args, env)         args: the argv *without* the executable,
+                                                  starting with "serve"; env: only the variables
+                                                  the launcher sets (the exec environment is
+                                                  os.environ updated with them).  Raises
+                                                  ConfigError if validate() finds problems.
+    load_config(path) -> dict                     raises ConfigError / NoTomlParserError
+    main(argv=None) -> int
+"""
+
+import argparse
+import difflib
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
+
+PROG = "inferops-vllm-launch"
+
+EXIT_OK = 0
+EXIT_NO_TOML_PARSER = 1
+EXIT_CONFIG = 2
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+
+VLLM_DEFAULT_PORT = 8000  # what vLLM listens on when server.port is not set
+API_KEY_VAR = "VLLM_API_KEY"  # the variable vLLM itself reads
+REDACTED = "<redacted>"
+
+DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
+QUANTIZATION_METHODS = (
+    "awq",
+    "gptq",
+    "bitsandbytes",
+    "fp8",
+    "compressed-tensors",
+    "gguf",
+    "awq_marlin",
+    "gptq_marlin",
+    "marlin",
+    "experts_int8",
+    "modelopt",
+    "mxfp4",
+)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+PD_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+KV_TRANSFER_BACKENDS = {"nixl": "NixlConnector"}
+KV_BUFFER_DEVICES = ("cuda", "cpu")
+
+ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
+# Values of variables whose names look like this are never logged.
+SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL")
+# "2bit", "int4", "4-bit", "q4", "nvfp4", "8" ...: integer/low-bit KV cache formats vLLM does not have.
+LOW_BIT_KV_RE = re.compile(r"(?:u?int|i|q|nf|(?:nv|mx)?fp)?[-_]?(\d{1,2})(?:[-_ ]?(?:bits?|b))?")
+
+
+@dataclass(frozen=True)
+class Key:
+    """How one TOML key is checked and what it turns into."""
+
+    kind: str  # str | env_name | int | bool | fraction | url_list | str_list
+    flag: str = ""  # vLLM flag it maps to ("" if none)
+    env: str = ""  # environment variable it maps to ("" if none)
+    choices: tuple[Any, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    negatable: bool = False  # bool flag: emit --no-<flag> when false
+
+
+# Section order is also the order flags appear on argv.
+SCHEMA: dict[str, dict[str, Key]] = {
+    "server": {
+        "host": Key("str", flag="--host"),
+        "port": Key("int", flag="--port", minimum=1, maximum=65535),
+        "served_model_name": Key("str", flag="--served-model-name"),
+        "api_key_env": Key("env_name"),
+    },
+    "model": {
+        "name": Key("str"),
+        "revision": Key("str", flag="--revision"),
+        "dtype": Key("str", flag="--dtype", choices=DTYPES),
+        "max_model_len": Key("int", flag="--max-model-len", minimum=1),
+        "quantization": Key("str", flag="--quantization", choices=QUANTIZATION_METHODS),
+        "tensor_parallel_size": Key("int", flag="--tensor-parallel-size", minimum=1),
+        "pipeline_parallel_size": Key("int", flag="--pipeline-parallel-size", minimum=1),
+        "enforce_eager": Key("bool", flag="--enforce-eager"),
+        "trust_remote_code": Key("bool", flag="--trust-remote-code"),
+    },
+    "kv_cache": {
+        "quant_dtype": Key("str", flag="--kv-cache-dtype", choices=KV_CACHE_DTYPES),
+        "memory_bytes": Key("int", flag="--kv-cache-memory-bytes", minimum=1),
+        "gpu_memory_utilization": Key("fraction", flag="--gpu-memory-utilization"),
+        "num_gpu_blocks_override": Key("int", flag="--num-gpu-blocks-override", minimum=1),
+        "block_size": Key("int", flag="--block-size", choices=BLOCK_SIZES),
+        "enable_prefix_caching": Key("bool", flag="--enable-prefix-caching", negatable=True),
+    },
+    "scheduler": {
+        "max_num_seqs": Key("int", flag="--max-num-seqs", minimum=1),
+        "max_num_batched_tokens": Key("int", flag="--max-num-batched-tokens", minimum=1),
+        "enable_chunked_prefill": Key("bool", flag="--enable-chunked-prefill", negatable=True),
+    },
+    "pd_disaggregation": {
+        "enabled": Key("bool"),
+        "role": Key("str", choices=tuple(PD_ROLES)),
+        "kv_transfer_backend": Key("str", choices=tuple(KV_TRANSFER_BACKENDS)),
+        "kv_buffer_device": Key("str", choices=KV_BUFFER_DEVICES),
+        "side_channel_host": Key("str", env="VLLM_NIXL_SIDE_CHANNEL_HOST"),
+        "kv_transfer_port": Key("int", env="VLLM_NIXL_SIDE_CHANNEL_PORT", minimum=1, maximum=65535),
+        "prefill_instances": Key("url_list"),
+        "decode_instances": Key("url_list"),
+    },
+    "cpu": {
+        "omp_threads_bind": Key("str", env="VLLM_CPU_OMP_THREADS_BIND"),
+        "kvcache_space_gib": Key("int", env="VLLM_CPU_KVCACHE_SPACE", minimum=1),
+    },
+    "devices": {
+        "cuda_visible_devices": Key("str", env="CUDA_VISIBLE_DEVICES"),
+    },
+    "environment": {},  # free-form NAME = "value"; checked by _check_environment
+    "extra": {
+        "args": Key("str_list"),
+    },
+}
+REQUIRED_SECTIONS = ("server", "model")
+FLAG_SECTIONS = ("server", "model", "kv_cache", "scheduler")
+
+_KV_SIZING = 'bound KV memory with kv_cache.memory_bytes or gpu_memory_utilization, shrink it with quant_dtype = "fp8"'
+REJECTED_KEYS: dict[tuple[str, str], str] = {
+    ("server", "api_key"): (
+        "a literal API key is not allowed in the TOML (it would leak into logs and process listings); "
+        "put the key in the EnvironmentFile and name it with api_key_env"
+    ),
+    ("model", "quantization_bits"): (
+        "the bit width comes from the quantized checkpoint; vLLM has no such flag: "
+        "use a pre-quantized (AWQ/GPTQ) model and set model.quantization"
+    ),
+    ("kv_cache", "enable_token_eviction"): (
+        "token eviction is not in vLLM 0.32 (the KV cache is paged; preempted requests are recomputed); "
+        f"{_KV_SIZING}, or cap model.max_model_len"
+    ),
+    ("kv_cache", "eviction_ratio"): (
+        "token eviction is not in vLLM 0.32 (the KV cache is paged; preempted requests are recomputed); "
+        f"{_KV_SIZING}, or cap model.max_model_len"
+    ),
+    ("kv_cache", "swap_space"): (
+        "--swap-space was removed from vLLM; preempted requests are recomputed. "
+        "Use kv_cache.memory_bytes / gpu_memory_utilization to size the KV cache (or CPU offloading via extra args)"
+    ),
+    ("kv_cache", "calculate_kv_scales"): (
+        "removed from vLLM; fp8 KV scales come from the checkpoint or default to 1.0: delete this key"
+    ),
+}
+
+NCCL_REMOVED = (
+    'the P2pNcclConnector (nccl backend) was removed from vLLM; use kv_transfer_backend = "nixl" '
+    "(NixlConnector, UCX over RDMA/TCP), which works within and across hosts"
+)
+
+# vLLM short aliases for flags the launcher owns.
+SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
+# Flags in extra.args that are always refused, with the reason / what to do instead.
+RESERVED_FLAGS = {
+    "--api-key": (
+        "--api-key would put the API key on vLLM's command line (visible in ps and logs); put the key in the "
+        "EnvironmentFile and name it with server.api_key_env"
+    ),
+    "--config": (
+        "--config (a vLLM YAML config) would bypass this TOML, which the launcher owns; "
+        "set the matching key in the TOML instead"
+    ),
+    "--kv-transfer-config": (
+        "--kv-transfer-config is generated from [pd_disaggregation] (enabled, role, kv_transfer_backend, "
+        "kv_buffer_device); set those keys instead"
+    ),
+    "--model": "--model is generated from model.name (the positional model argument); set model.name instead",
+}
+
+
+def _flag_owners() -> dict[str, str]:
+    """Map every flag the launcher generates (both spellings of booleans) to its TOML key."""
+    owners: dict[str, str] = {}
+    for section, keys in SCHEMA.items():
+        for key, spec in keys.items():
+            if spec.flag:
+                owners[spec.flag] = f"{section}.{key}"
+                if spec.kind == "bool":
+                    owners["--no-" + spec.flag[2:]] = f"{section}.{key}"
+    return owners
+
+
+def _env_owners() -> dict[str, str]:
+    """Map every environment variable the launcher sets to the TOML key that sets it."""
+    owners = {API_KEY_VAR: "server.api_key_env"}
+    for section, keys in SCHEMA.items():
+        for key, spec in keys.items():
+            if spec.env:
+                owners[spec.env] = f"{section}.{key}"
+    return owners
+
+
+FLAG_OWNERS = _flag_owners()
+ENV_OWNERS = _env_owners()
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; ``problems`` holds one message per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+class NoTomlParserError(Exception):
+    """Neither tomllib (Python 3.11+) nor tomli is importable."""
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """Read and parse the TOML file; every failure is a ConfigError with one clear message."""
+    if tomllib is None:
+        raise NoTomlParserError(
+            f"no TOML parser: Python {sys.version_info.major}.{sys.version_info.minor} has no tomllib and the "
+            f"tomli package is not installed for {sys.executable}; install tomli into this venv "
+            "(pip install tomli) or use Python 3.11+"
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError([f"cannot read config file: {reason}; check the path and its permissions"]) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"config file is not valid UTF-8 ({exc}); save it as UTF-8"]) from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"TOML syntax error: {exc}; fix the syntax"]) from exc
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _toml(value: Any) -> str:
+    """Render a scalar roughly as it is written in TOML (for messages)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"boolean {_toml(value)}"
+    if isinstance(value, int):
+        return f"integer {value}"
+    if isinstance(value, float):
+        return f"float {value}"
+    if isinstance(value, str):
+        return f"string {_toml(value)}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+_EXPECTED = {
+    "str": ("a string", "write a quoted string"),
+    "env_name": ("a string", 'write a quoted variable name such as "VLLM_API_KEY"'),
+    "int": ("an integer", "write a whole number without quotes"),
+    "bool": ("a boolean", "write true or false without quotes"),
+    "fraction": ("a number", "write a number such as 0.9 without quotes"),
+    "url_list": ("an array of strings", 'write an array such as ["http://10.0.0.11:8100"]'),
+    "str_list": ("an array of strings", 'write an array such as ["--flag", "value"]'),
+}
+
+
+def _type_problem(where: str, kind: str, value: Any) -> str:
+    expected, fallback = _EXPECTED[kind]
+    hint = fallback
+    if kind == "bool" and isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        hint = f"write {value.strip().lower()} without quotes"
+    elif kind in ("int", "fraction") and isinstance(value, bool):
+        hint = "a boolean is not a number: " + fallback
+    elif kind == "int" and isinstance(value, str) and value.strip().isdigit():
+        hint = f"write {value.strip()} without quotes"
+    elif kind == "int" and isinstance(value, float) and value.is_integer():
+        hint = f"write {int(value)} without a decimal point"
+    elif kind == "fraction" and isinstance(value, str) and re.fullmatch(r"\s*\d*\.?\d+\s*", value):
+        hint = f"write {value.strip()} without quotes"
+    elif kind in ("str", "env_name") and isinstance(value, bool | int | float):
+        hint = f"quote it: {json.dumps(_toml(value))}"
+    return f"{where}: must be {expected}, got {_describe(value)}; {hint}"
+
+
+def _suggest(name: str, candidates: Sequence[str]) -> str:
+    # Schema names are lower case, so compare case-insensitively ("Port" -> 'port').
+    match = difflib.get_close_matches(name.lower(), list(candidates), n=1, cutoff=0.6)
+    if match:
+        return f"did you mean {match[0]!r}?"
+    return "valid: " + ", ".join(candidates)
+
+
+def _choice_problem(where: str, value: Any, choices: Sequence[Any]) -> str:
+    listed = ", ".join(_toml(c) if isinstance(c, str) else str(c) for c in choices)
+    if isinstance(value, str) and value.strip().lower() in choices:
+        fixed = _toml(value.strip().lower())
+        return f"{where}: {_toml(value)} is not supported (values are case-sensitive); write {fixed}"
+    if where == "kv_cache.quant_dtype" and isinstance(value, str):
+        match = LOW_BIT_KV_RE.fullmatch(value.strip().lower())
+        if match and int(match.group(1)) < 16:
+            bits = int(match.group(1))
+            label = "8-bit integer" if bits == 8 else f"{bits}-bit"
+            return f"{where}: vLLM 0.32 has no {label} KV cache; use fp8 (halves KV memory vs 16-bit) or auto"
+    if where == "pd_disaggregation.kv_transfer_backend" and isinstance(value, str) and "nccl" in value.lower():
+        return f"{where}: {NCCL_REMOVED}"
+    if where == "model.quantization":
+        return f"{where}: {_toml(value)} is not a supported weight quantization method; use one of: {listed}"
+    return f"{where}: {_toml(value)} is not supported; use one of: {listed}"
+
+
+def _check_string(where: str, value: str) -> list[str]:
+    if not value.strip():
+        return [f"{where}: must not be empty; set a value or remove the key"]
+    if "\0" in value:
+        return [f"{where}: must not contain NUL characters; remove them"]
+    return []
+
+
+def _check_value(where: str, spec: Key, value: Any) -> list[str]:
+    """Problems with one key's value (type, range, choices); empty if fine."""
+    kind = spec.kind
+    if kind in ("str", "env_name"):
+        if not isinstance(value, str):
+            return [_type_problem(where, kind, value)]
+        problems = _check_string(where, value)
+        if problems:
+            return problems
+        if kind == "env_name" and not ENV_NAME_RE.fullmatch(value):
+            return [
+                f"{where}: {_toml(value)} is not a valid environment variable name; "
+                'use upper-case letters, digits and underscores, e.g. "VLLM_API_KEY"'
+            ]
+        if spec.choices and value not in spec.choices:
+            return [_choice_problem(where, value, spec.choices)]
+        return []
+    if kind == "bool":
+        return [] if isinstance(value, bool) else [_type_problem(where, kind, value)]
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return [_type_problem(where, kind, value)]
+        if spec.choices and value not in spec.choices:
+            return [_choice_problem(where, value, spec.choices)]
+        low, high = spec.minimum, spec.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            if high is None:
+                wanted = f"an integer >= {low}"
+            else:
+                wanted = f"an integer between {low} and {high}"
+            return [f"{where}: {value} is out of range; use {wanted}"]
+        return []
+    if kind == "fraction":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return [_type_problem(where, kind, value)]
+        if not 0 < value <= 1:  # also rejects nan and inf
+            return [f"{where}: {value} is out of range; use a fraction greater than 0 and at most 1, e.g. 0.9"]
+        return []
+    if kind in ("url_list", "str_list"):
+        if not isinstance(value, list):
+            return [_type_problem(where, kind, value)]
+        problems = []
+        for index, item in enumerate(value):
+            item_where = f"{where}[{index}]"
+            if not isinstance(item, str):
+                problems.append(_type_problem(item_where, "str", item))
+            elif kind == "url_list" and not item.startswith(("http://", "https://")):
+                problems.append(f'{item_where}: {_toml(item)} is not an http(s) URL; write it as "http://HOST:PORT"')
+            elif "\0" in item:
+                problems.append(f"{item_where}: must not contain NUL characters; remove them")
+        return problems
+    raise AssertionError(f"unknown kind {kind!r} for {where}")  # pragma: no cover - schema bug
+
+
+def _extra_flag_name(item: str) -> str | None:
+    """The long flag name vLLM would see for an extra.args item, or None if it is not a flag.
+
+    vLLM's parser turns underscores into dashes in flag names, treats ``--flag.sub`` as part of
+    the JSON flag ``--flag``, and accepts ``--flag=value``; short aliases are mapped to long names.
+    """
+    if item.startswith("--") and len(item) > 2:
+        name = item[2:].split("=", 1)[0].split(".", 1)[0]
+        return "--" + name.replace("_", "-")
+    if len(item) > 1 and item[0] == "-" and item[1].isalpha():
+        name = item.split("=", 1)[0]
+        if name in SHORT_ALIASES:
+            return SHORT_ALIASES[name]
+        if name.startswith("-q"):  # single-letter short option with an attached value: -qawq
+            return SHORT_ALIASES["-q"]
+        for alias, long_name in SHORT_ALIASES.items():
+            if alias.startswith(name):  # argparse abbreviation, e.g. -t for -tp
+                return long_name
+    return None
+
+
+def _check_extra_args(args: list[str]) -> list[str]:
+    problems = []
+    if args and not args[0].startswith("-"):
+        problems.append(
+            f"extra.args[0]: {_toml(args[0])} is not a flag, so vLLM would read it as a value of the previous "
+            'flag; extra.args must start with a flag such as "--max-log-len"'
+        )
+    for index, item in enumerate(args):
+        name = _extra_flag_name(item)
+        if name is None:
+            continue
+        where = f"extra.args[{index}]"
+        shown = _toml(item.split("=", 1)[0])
+        if name in RESERVED_FLAGS:
+            problems.append(f"{where}: {shown} is not allowed: {RESERVED_FLAGS[name]}")
+        elif name in FLAG_OWNERS:
+            owner = FLAG_OWNERS[name]
+            problems.append(
+                f"{where}: {shown} is not allowed: {name} is generated from {owner}; set {owner} in the TOML instead"
+            )
+        else:
+            # argparse accepts unambiguous abbreviations of long flags.
+            owned = [flag for flag in (*FLAG_OWNERS, *RESERVED_FLAGS) if flag.startswith(name)]
+            if owned:
+                keys = ", ".join(FLAG_OWNERS.get(flag, flag) for flag in owned)
+                problems.append(
+                    f"{where}: {shown} is not allowed: vLLM would read it as an abbreviation of "
+                    f"{', '.join(owned)}, which the launcher controls; set {keys} in the TOML instead"
+                )
+    return problems
+
+
+def _check_environment(table: dict[str, Any]) -> list[str]:
+    problems = []
+    for name, value in table.items():
+        where = f"environment.{name}"
+        if not ENV_NAME_RE.fullmatch(name):
+            problems.append(
+                f"{where}: {_toml(name)} is not a valid environment variable name; "
+                "use upper-case letters, digits and underscores ([A-Z_][A-Z0-9_]*)"
+            )
+            continue
+        if name == API_KEY_VAR:
+            problems.append(
+                f"{where}: the API key must not be in the TOML; put it in the EnvironmentFile "
+                "and name it with server.api_key_env"
+            )
+            continue
+        if name in ENV_OWNERS:
+            owner = ENV_OWNERS[name]
+            problems.append(f"{where}: {name} is set by the launcher from {owner}; set {owner} instead")
+            continue
+        if not isinstance(value, str):
+            problems.append(_type_problem(where, "str", value))
+        elif "\0" in value:
+            problems.append(f"{where}: must not contain NUL characters; remove them")
+    return problems
+
+
+def _check_cross(
+    raw: dict[str, dict[str, Any]], good: dict[str, dict[str, Any]], environ: Mapping[str, str] | None
+) -> list[str]:
+    """Checks that involve several keys (or the environment); only uses values that passed _check_value."""
+    problems = []
+    if "model" in raw and "name" not in raw["model"]:
+        problems.append("model.name: required; set it to the model directory or Hugging Face model id")
+
+    kv = good.get("kv_cache", {})
+    if "memory_bytes" in kv and "gpu_memory_utilization" in kv:
+        problems.append(
+            "kv_cache.gpu_memory_utilization: set together with kv_cache.memory_bytes; vLLM uses memory_bytes "
+            "and ignores gpu_memory_utilization: pick one and remove the other"
+        )
+
+    pd_raw = raw.get("pd_disaggregation", {})
+    pd = good.get("pd_disaggregation", {})
+    if pd.get("enabled") is True:
+        required = {
+            "role": 'set "prefill" or "decode"',
+            "side_channel_host": "set the address peers use to reach this instance's NIXL side channel",
+            "kv_transfer_port": "set the NIXL side-channel port (1..65535, not server.port)",
+        }
+        for key, todo in required.items():
+            if key not in pd_raw:
+                problems.append(f"pd_disaggregation.{key}: required when pd_disaggregation.enabled = true; {todo}")
+        server = good.get("server", {})
+        port_ok = "port" in server or "port" not in raw.get("server", {})
+        server_port = server.get("port", VLLM_DEFAULT_PORT)
+        if port_ok and pd.get("kv_transfer_port") == server_port:
+            problems.append(
+                f"pd_disaggregation.kv_transfer_port: {server_port} is also the HTTP port (server.port); "
+                "use a different port for the NIXL side channel"
+            )
+
+    api_key_env = good.get("server", {}).get("api_key_env")
+    if api_key_env is not None:
+        env_table = raw.get("environment", {})
+        if api_key_env in env_table and api_key_env != API_KEY_VAR:
+            problems.append(
+                f"environment.{api_key_env}: this is the API key variable named by server.api_key_env; "
+                "the key must not be in the TOML: put it in the EnvironmentFile"
+            )
+        if environ is not None and not environ.get(api_key_env):
+            problems.append(
+                f"server.api_key_env: environment variable {api_key_env} is not set or is empty; put "
+                f"{api_key_env}=<key> in the instance's EnvironmentFile (systemd EnvironmentFile=), "
+                "or remove server.api_key_env to run without an API key"
+            )
+    return problems
+
+
+def validate(config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Return every problem in ``config`` (empty list if it is usable).
+
+    ``environ`` enables the checks that depend on the launcher's environment (the API key
+    variable); pass None to validate the file alone.
+    """
+    problems: list[str] = []
+    for name in config:
+        if name not in SCHEMA:
+            problems.append(f"{name}: unknown section; {_suggest(name, list(SCHEMA))}")
+    for name in REQUIRED_SECTIONS:
+        if name not in config:
+            problems.append(f"{name}: required section [{name}] is missing; add it")
+
+    raw: dict[str, dict[str, Any]] = {}
+    good: dict[str, dict[str, Any]] = {}
+    for section, keys in SCHEMA.items():
+        if section not in config:
+            continue
+        table = config[section]
+        if not isinstance(table, dict):
+            problems.append(f"{section}: must be a table, got {_describe(table)}; write it as a [{section}] section")
+            continue
+        raw[section] = table
+        if section == "environment":
+            problems.extend(_check_environment(table))
+            continue
+        good[section] = {}
+        for key, value in table.items():
+            where = f"{section}.{key}"
+            if (section, key) in REJECTED_KEYS:
+                problems.append(f"{where}: {REJECTED_KEYS[section, key]}")
+                continue
+            spec = keys.get(key)
+            if spec is None:
+                problems.append(f"{where}: unknown key; {_suggest(key, list(keys))}")
+                continue
+            key_problems = _check_value(where, spec, value)
+            if section == "extra" and key == "args" and not key_problems:
+                key_problems = _check_extra_args(value)
+            if key_problems:
+                problems.extend(key_problems)
+            else:
+                good[section][key] = value
+    problems.extend(_check_cross(raw, good, environ))
+    return problems
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def build(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> tuple[list[str], dict[str, str]]:
+    """Build the vLLM command line and environment from a configuration.
+
+    Returns ``(args, env)``: ``args`` is the argv *without* the executable, i.e.
+    ``["serve", <model.name>, <flags>..., <extra.args>...]``; ``env`` holds only the
+    variables the launcher sets (exec with ``{**os.environ, **env}``).  When
+    server.api_key_env is set, env contains VLLM_API_KEY (a secret: never log it).
+    ``environ=None`` (--check) skips the API key's presence: systemd loads it from the
+    EnvironmentFile only when the service starts.
+    Raises ConfigError listing every problem if the configuration is invalid.
+    """
+    problems = validate(config, environ)
+    if problems:
+        raise ConfigError(problems)
+
+    args = ["serve", config["model"]["name"]]
+    for section in FLAG_SECTIONS:
+        table = config.get(section, {})
+        for key, spec in SCHEMA[section].items():
+            if not spec.flag or key not in table:
+                continue
+            value = table[key]
+            if spec.kind == "bool":
+                if value:
+                    args.append(spec.flag)
+                elif spec.negatable:
+                    args.append("--no-" + spec.flag[2:])
+            else:
+                args += [spec.flag, _format(value)]
+
+    env: dict[str, str] = {}
+    api_key_env = config["server"].get("api_key_env")
+    if api_key_env:
+        env[API_KEY_VAR] = (environ or {}).get(api_key_env, "")
+
+    pd = config.get("pd_disaggregation", {})
+    if pd.get("enabled"):
+        backend = pd.get("kv_transfer_backend", "nixl")
+        transfer = {
+            "kv_connector": KV_TRANSFER_BACKENDS[backend],
+            "kv_role": PD_ROLES[pd["role"]],
+            "kv_buffer_device": pd.get("kv_buffer_device", "cuda"),
+        }
+        args += ["--kv-transfer-config", json.dumps(transfer, sort_keys=True, separators=(",", ":"))]
+
+    for section in ("pd_disaggregation", "cpu", "devices"):
+        if section == "pd_disaggregation" and not pd.get("enabled"):
+            continue
+        table = config.get(section, {})
+        for key, spec in SCHEMA[section].items():
+            if spec.env and key in table:
+                env[spec.env] = _format(table[key])
+    env.update(config.get("environment", {}))
+
+    args += config.get("extra", {}).get("args", [])
+    return args, env
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _is_secret(name: str, api_key_env: str | None) -> bool:
+    return name in (API_KEY_VAR, api_key_env) or bool(SECRET_NAME_RE.search(name))
+
+
+def report_lines(argv: Sequence[str], env: Mapping[str, str], api_key_env: str | None = None) -> list[str]:
+    """The log lines for a launch: the shell-quoted command, then one line per variable (secrets redacted)."""
+    lines = [f"{PROG}: exec: {shlex.join(argv)}"]
+    for name, value in env.items():
+        shown = REDACTED if _is_secret(name, api_key_env) else shlex.quote(value)
+        lines.append(f"{PROG}: env: {name}={shown}")
+    return lines
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="inferops_vllm_launch.py",
+        description="Validate a vLLM instance TOML, build the `vllm serve` command and exec it.",
+    )
+    parser.add_argument("--config", required=True, type=Path, help="instance TOML, e.g. /etc/vllm/NAME.toml")
+    parser.add_argument("--check", action="store_true", help="validate and print the command; do not exec")
+    parser.add_argument(
+        "--vllm-bin",
+        type=Path,
+        default=None,
+        help="vLLM executable (default: the vllm script next to this Python interpreter)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = _parse_args(argv)
+    path: Path = options.config
+
+    def fail(problems: Sequence[str]) -> int:
+        for problem in problems:
+            print(f"{PROG}: {path}: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    try:
+        config = load_config(path)
+    except NoTomlParserError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_NO_TOML_PARSER
+    except ConfigError as exc:
+        return fail(exc.problems)
+
+    environ = dict(os.environ)
+    try:
+        # --check runs where the service's EnvironmentFile is not loaded (Ansible's validate
+        # step): the key's presence is checked at start, not here.
+        args, env = build(config, None if options.check else environ)
+    except ConfigError as exc:
+        return fail(exc.problems)
+
+    vllm_bin = options.vllm_bin or Path(sys.executable).parent / "vllm"
+    exec_argv = [str(vllm_bin), *args]
+    lines = report_lines(exec_argv, env, config["server"].get("api_key_env"))
+
+    if options.check:
+        for line in lines:
+            print(line)
+        print(f"{PROG}: {path}: config OK")
+        return EXIT_OK
+
+    for line in lines:
+        print(line, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(str(vllm_bin), exec_argv, {**environ, **env})
+    except OSError as exc:
+        print(
+            f"{PROG}: cannot exec {vllm_bin}: {exc.strerror or exc}; install vLLM into this venv or pass --vllm-bin",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
+    return EXIT_OK  # only reached when os.execve is replaced (tests)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
