@@ -1,0 +1,63 @@
+"""Shared helpers for the molecule verify step: hosts through `podman exec` (fast, unlike one
+ansible process per check) and plain HTTP from the controller to the containers' addresses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+
+import pytest
+import testinfra
+from prometheus_client.parser import text_string_to_metric_families
+
+PREFILL = "molecule-prefill"
+DECODE = "molecule-decode"
+
+
+def container_ip(name: str) -> str:
+    out = subprocess.run(
+        ["podman", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    assert out, f"container {name} has no IP address"
+    return out
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 180, headers: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def metric_samples(url: str) -> dict[tuple[str, tuple], float]:
+    """All samples of a /metrics page, keyed by (name, sorted labels without model/engine)."""
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        text = resp.read().decode()
+    out: dict[tuple[str, tuple], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine")))
+            out[(s.name, labels)] = out.get((s.name, labels), 0.0) + s.value
+    return out
+
+
+@pytest.fixture(scope="session")
+def prefill_host():
+    return testinfra.get_host(f"podman://{PREFILL}")
+
+
+@pytest.fixture(scope="session")
+def decode_host():
+    return testinfra.get_host(f"podman://{DECODE}")
+
+
+@pytest.fixture(scope="session")
+def prefill_url():
+    return f"http://{container_ip(PREFILL)}:8100"
+
+
+@pytest.fixture(scope="session")
+def decode_url():
+    return f"http://{container_ip(DECODE)}:8200"

@@ -1,0 +1,153 @@
+"""Verify the PD pair that deploy_pd.yml deployed: the service, its files, its launcher, and a
+real KV handoff from prefill to decode over NIXL."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import http_json, metric_samples
+
+MODEL = "smollm2-135m-instruct"
+PROMPT = "Question: what is the capital of France? Answer in one word. Answer: The capital of France is"
+
+INSTANCES = [
+    ("prefill_host", "prefill-0", 8100, 5600),
+    ("decode_host", "decode-0", 8200, 5700),
+]
+
+
+@pytest.mark.parametrize(("host_fixture", "name", "port", "side_port"), INSTANCES)
+def test_unit_active_and_listening(request, host_fixture, name, port, side_port):
+    host = request.getfixturevalue(host_fixture)
+    svc = host.service(f"vllm@{name}")
+    assert svc.is_running
+    assert svc.is_enabled
+    assert host.socket(f"tcp://0.0.0.0:{port}").is_listening
+    # NIXL's side channel listens on the host's routable address for the peer's handshake.
+    listening = host.check_output("ss -Htln")
+    assert f":{side_port} " in listening, listening
+
+
+@pytest.mark.parametrize(("host_fixture", "name", "port", "side_port"), INSTANCES)
+def test_process_runs_as_vllm_user_without_key_in_argv(request, host_fixture, name, port, side_port):
+    host = request.getfixturevalue(host_fixture)
+    pid = host.check_output(f"systemctl show -p MainPID --value vllm@{name}")
+    assert pid != "0"
+    assert host.check_output(f"ps -o user= -p {pid}") == "vllm"
+    argv = host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
+    # The launcher exec'd vLLM itself (systemd supervises vLLM, not a wrapper).
+    assert argv[1:3] == ["/opt/vllm/venv/bin/vllm", "serve"] or argv[0].endswith("vllm"), argv
+    assert "--api-key" not in argv
+    assert "--kv-transfer-config" in argv
+
+
+@pytest.mark.parametrize(("host_fixture", "name", "port", "side_port"), INSTANCES)
+def test_config_files_modes_and_owners(request, host_fixture, name, port, side_port):
+    host = request.getfixturevalue(host_fixture)
+    d = host.file("/etc/vllm")
+    assert d.is_directory and d.user == "root" and d.group == "vllm" and d.mode == 0o750
+    for suffix in ("toml", "env"):
+        f = host.file(f"/etc/vllm/{name}.{suffix}")
+        assert f.is_file and f.user == "root" and f.group == "vllm" and f.mode == 0o640, suffix
+    launcher = host.file("/usr/local/lib/inferops-vllm/inferops_vllm_launch.py")
+    assert launcher.user == "root" and launcher.mode == 0o755
+    venv = host.file("/opt/vllm/venv")
+    assert venv.user == "root"
+    unit = host.file("/etc/systemd/system/vllm@.service")
+    assert unit.mode == 0o644
+    assert "ProtectSystem=strict" in unit.content_string
+    assert "KillMode=mixed" in unit.content_string
+
+
+def test_config_maps_roles_to_kv_roles(prefill_host, decode_host):
+    p = prefill_host.file("/etc/vllm/prefill-0.toml").content_string
+    d = decode_host.file("/etc/vllm/decode-0.toml").content_string
+    assert 'role = "prefill"' in p and 'role = "decode"' in d
+    for text in (p, d):
+        for section in ("[server]", "[model]", "[kv_cache]", "[pd_disaggregation]"):
+            assert section in text
+        assert 'kv_transfer_backend = "nixl"' in text
+    # Each side lists its peers from the inventory.
+    assert ":8200" in p.split("decode_instances", 1)[1]
+    assert ":8100" in d.split("prefill_instances", 1)[1]
+    check = prefill_host.run(
+        "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config /etc/vllm/prefill-0.toml"
+    )
+    assert check.rc == 0, check.stderr
+    assert '"kv_role":"kv_producer"' in check.stdout
+    check = decode_host.run(
+        "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config /etc/vllm/decode-0.toml"
+    )
+    assert check.rc == 0, check.stderr
+    assert '"kv_role":"kv_consumer"' in check.stdout
+
+
+def test_launcher_rejects_a_broken_config_on_the_host(prefill_host):
+    bad = (
+        '[server]\nhost = "0.0.0.0"\nport = 8100\n'
+        '[model]\nname = "/var/lib/vllm/models/x"\n'
+        '[kv_cache]\nquant_dtype = "2bit"\nswap_space = 4\n'
+        '[pd_disaggregation]\nenabled = true\nrole = "prefill"\nkv_transfer_backend = "nccl"\n'
+        'side_channel_host = "10.0.0.1"\nkv_transfer_port = 5600\n'
+    )
+    prefill_host.run(f"cat > /tmp/broken.toml <<'EOF'\n{bad}EOF")
+    res = prefill_host.run(
+        "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config /tmp/broken.toml"
+    )
+    assert res.rc == 2
+    for expected in ("kv_cache.quant_dtype", "kv_cache.swap_space", "pd_disaggregation.kv_transfer_backend", "nixl"):
+        assert expected in res.stderr, res.stderr
+
+
+def test_health_version_and_model(prefill_url, decode_url):
+    for url in (prefill_url, decode_url):
+        assert http_json(f"{url}/version")["version"] == "0.32.0"
+        models = [m["id"] for m in http_json(f"{url}/v1/models")["data"]]
+        assert models == [MODEL]
+
+
+def test_pd_handoff_moves_kv_from_prefill_to_decode(prefill_url, decode_url):
+    before_p = metric_samples(f"{prefill_url}/metrics")
+    before_d = metric_samples(f"{decode_url}/metrics")
+
+    # Step 1, as a PD proxy does it: prefill computes the prompt and keeps its KV for decode.
+    first = http_json(f"{prefill_url}/v1/completions", {
+        "model": MODEL, "prompt": PROMPT, "max_tokens": 1, "temperature": 0,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                               "remote_block_ids": None, "remote_host": None, "remote_port": None},
+    })
+    params = first["kv_transfer_params"]
+    assert params and params.get("do_remote_prefill") is True, first
+    prompt_tokens = first["usage"]["prompt_tokens"]
+    assert prompt_tokens > 8
+
+    # Step 2: decode pulls that KV over NIXL and generates.
+    second = http_json(f"{decode_url}/v1/completions", {
+        "model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "kv_transfer_params": params,
+    })
+    pd_text = second["choices"][0]["text"]
+
+    after_p = metric_samples(f"{prefill_url}/metrics")
+    after_d = metric_samples(f"{decode_url}/metrics")
+
+    def delta(after, before, name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    src = "vllm:prompt_tokens_by_source_total"
+    # Decode received the prompt's KV from prefill and recomputed (almost) nothing itself.
+    external = delta(after_d, before_d, src, source="external_kv_transfer")
+    local_d = delta(after_d, before_d, src, source="local_compute")
+    assert external >= prompt_tokens - 1, (external, local_d, prompt_tokens)
+    assert local_d <= 1, (external, local_d, prompt_tokens)
+    # Prefill computed the prompt.
+    assert delta(after_p, before_p, src, source="local_compute") >= prompt_tokens - 1
+    # NIXL moved it, without failures.
+    assert delta(after_d, before_d, "vllm:nixl_xfer_time_seconds_count") >= 1
+    assert after_d.get(("vllm:nixl_num_failed_transfers_total", ()), 0.0) == 0.0
+
+    # The disaggregated answer equals the answer of a colocated request.
+    direct = http_json(f"{decode_url}/v1/completions", {
+        "model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
+    })
+    assert pd_text == direct["choices"][0]["text"]
+    assert "Paris" in pd_text
