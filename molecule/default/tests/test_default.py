@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import http_json, metric_samples
 
+LAUNCH = "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config"
+
 MODEL = "smollm2-135m-instruct"
 PROMPT = "Question: what is the capital of France? Answer in one word. Answer: The capital of France is"
 
@@ -69,14 +71,10 @@ def test_config_maps_roles_to_kv_roles(prefill_host, decode_host):
     # Each side lists its peers from the inventory.
     assert ":8200" in p.split("decode_instances", 1)[1]
     assert ":8100" in d.split("prefill_instances", 1)[1]
-    check = prefill_host.run(
-        "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config /etc/vllm/prefill-0.toml"
-    )
+    check = prefill_host.run(f"{LAUNCH} /etc/vllm/prefill-0.toml")
     assert check.rc == 0, check.stderr
     assert '"kv_role":"kv_producer"' in check.stdout
-    check = decode_host.run(
-        "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config /etc/vllm/decode-0.toml"
-    )
+    check = decode_host.run(f"{LAUNCH} /etc/vllm/decode-0.toml")
     assert check.rc == 0, check.stderr
     assert '"kv_role":"kv_consumer"' in check.stdout
 
@@ -90,9 +88,7 @@ def test_launcher_rejects_a_broken_config_on_the_host(prefill_host):
         'side_channel_host = "10.0.0.1"\nkv_transfer_port = 5600\n'
     )
     prefill_host.run(f"cat > /tmp/broken.toml <<'EOF'\n{bad}EOF")
-    res = prefill_host.run(
-        "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config /tmp/broken.toml"
-    )
+    res = prefill_host.run(f"{LAUNCH} /tmp/broken.toml")
     assert res.rc == 2
     for expected in ("kv_cache.quant_dtype", "kv_cache.swap_space", "pd_disaggregation.kv_transfer_backend", "nixl"):
         assert expected in res.stderr, res.stderr
