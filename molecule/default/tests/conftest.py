@@ -4,6 +4,7 @@ ansible process per check) and plain HTTP from the controller to the containers'
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import urllib.request
 
@@ -11,8 +12,9 @@ import pytest
 import testinfra
 from prometheus_client.parser import text_string_to_metric_families
 
-PREFILL = "molecule-prefill"
-DECODE = "molecule-decode"
+# Overridable so that the same checks run against the sandbox of scripts/sandbox/up.sh.
+PREFILL = os.environ.get("INFEROPS_PREFILL_HOST", "molecule-prefill")
+DECODE = os.environ.get("INFEROPS_DECODE_HOST", "molecule-decode")
 
 
 def container_ip(name: str) -> str:
