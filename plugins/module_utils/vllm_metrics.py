@@ -1,0 +1,399 @@
+# Copyright (c) inferops.vllm developers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# SPDX-License-Identifier: Apache-2.0
+"""Pure helpers for the inferops.vllm.vllm_health module.
+
+Everything here works on text and plain data (no HTTP), so that it can be unit tested:
+
+* :func:`parse_metrics` turns Prometheus text into ``(name, labels, value)`` samples;
+* :func:`summarize_instance` reduces a vLLM ``/metrics`` page to the numbers the module reports;
+* :func:`compare_expected` checks the live KV-cache configuration against what was asked for;
+* :func:`evaluate_pd_proof` decides from before/after summaries whether prefill handed the KV of
+  the proof prompts to decode over NIXL;
+* :func:`redact` / :func:`snippet` keep secrets and long bodies out of messages.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import traceback
+
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:
+    HAS_PROMETHEUS_CLIENT = False
+    PROMETHEUS_CLIENT_IMPORT_ERROR = traceback.format_exc()
+else:
+    HAS_PROMETHEUS_CLIENT = True
+    PROMETHEUS_CLIENT_IMPORT_ERROR = None
+
+# vLLM sample names (as they appear in the text; counters keep their _total suffix).
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+NIXL_XFER_COUNT = "vllm:nixl_xfer_time_seconds_count"
+NIXL_XFER_SUM = "vllm:nixl_xfer_time_seconds_sum"
+NIXL_BYTES_SUM = "vllm:nixl_bytes_transferred_sum"
+NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+ROUTER_METRICS = {
+    "pd_prefill_requests": "vllm_router_pd_prefill_requests_total",
+    "pd_decode_requests": "vllm_router_pd_decode_requests_total",
+    "worker_health": "vllm_router_worker_health",
+}
+
+# Counters that the proof compares before and after the proof requests.
+PROOF_COUNTERS = (
+    "prompt_tokens_local_compute",
+    "prompt_tokens_local_cache_hit",
+    "prompt_tokens_external_kv_transfer",
+    "nixl_transfers",
+    "nixl_failed_transfers",
+    "nixl_bytes_transferred",
+    "nixl_xfer_time_seconds",
+)
+
+SNIPPET_LIMIT = 200
+REDACTED = "********"
+_BEARER_RE = re.compile(r"(?i)(bearer\s+)[^\s\"',;}]+")
+
+
+class MetricsError(ValueError):
+    """A /metrics page that cannot be read as vLLM Prometheus metrics."""
+
+
+# --------------------------------------------------------------------------- text helpers
+
+
+def redact(text, secrets=()):
+    """``text`` with every secret and every ``Bearer <token>`` replaced by ``********``."""
+    if text is None:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    text = str(text)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return _BEARER_RE.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def snippet(body, secrets=(), limit=SNIPPET_LIMIT):
+    """A short, single-line, redacted excerpt of a response body for messages."""
+    text = redact(body, secrets) or ""
+    text = " ".join(text.split())
+    # Redact before shortening, so that a secret cut in half cannot survive.
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return text
+
+
+def redact_data(data, secrets=()):
+    """Deep copy of JSON-like ``data`` with secrets removed from every string."""
+    if isinstance(data, dict):
+        return {redact_data(k, secrets): redact_data(v, secrets) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [redact_data(v, secrets) for v in data]
+    if isinstance(data, (str, bytes)):
+        return redact(data, secrets)
+    return data
+
+
+def version_matches(expected, live):
+    """Whether the live ``/version`` satisfies the expected one.
+
+    Exact match, or ``expected`` is a prefix at a dot boundary (``0.32`` accepts ``0.32.0``).
+    A local version label (``0.32.0+cpu``) is ignored.
+    """
+    if expected is None:
+        return True
+    if live is None:
+        return False
+    expected = str(expected).strip()
+    live_public = str(live).strip().split("+", 1)[0]
+    expected_public = expected.split("+", 1)[0]
+    if str(live).strip() == expected or live_public == expected_public:
+        return True
+    return "+" not in expected and live_public.startswith(expected + ".")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_metrics(text):
+    """Parse Prometheus text exposition format into a list of ``(name, labels, value)``.
+
+    Raises :class:`MetricsError` with a short reason when the text is not Prometheus text.
+    """
+    if not HAS_PROMETHEUS_CLIENT:  # pragma: no cover - the module checks this first
+        raise MetricsError("the prometheus_client Python library is not installed")
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        raise MetricsError(f"expected Prometheus text, got {type(text).__name__}")
+    try:
+        samples = [
+            (sample.name, dict(sample.labels), float(sample.value))
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        ]
+    except Exception as exc:  # the parser raises ValueError, and sometimes IndexError/KeyError/TypeError
+        raise MetricsError(f"not Prometheus text exposition format: {snippet(str(exc))}") from exc
+    return samples
+
+
+def _finite(value):
+    return value is not None and not math.isnan(value) and not math.isinf(value)
+
+
+def _matching(samples, name, labels):
+    for sname, slabels, value in samples:
+        if sname == name and all(slabels.get(k) == v for k, v in labels.items()) and _finite(value):
+            yield slabels, value
+
+
+def sample_sum(samples, name, **labels):
+    """Sum of all samples called ``name`` whose labels include ``labels`` (over engines); 0.0 if absent."""
+    return float(sum(value for _labels, value in _matching(samples, name, labels)))
+
+
+def sample_max(samples, name, **labels):
+    """Largest value of the matching samples, or None when there is none."""
+    values = [value for _labels, value in _matching(samples, name, labels)]
+    return max(values) if values else None
+
+
+def _int(value):
+    return int(round(value)) if _finite(value) else None
+
+
+def _label_int(value):
+    if value is None:
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        try:
+            number = float(str(value).strip())
+        except ValueError:
+            return None
+        return int(number) if _finite(number) and number.is_integer() else None
+
+
+def _label_str(value):
+    if value is None or value == "None":
+        return None
+    return str(value)
+
+
+def cache_config(samples):
+    """The KV-cache settings vLLM reports in ``vllm:cache_config_info`` labels (engine 0 first)."""
+    infos = [labels for labels, _value in _matching(samples, CACHE_CONFIG_INFO, {})]
+    infos.sort(key=lambda labels: (labels.get("engine", "") != "0", labels.get("engine", "")))
+    labels = infos[0] if infos else {}
+    return {
+        "block_size": _label_int(labels.get("block_size")),
+        "cache_dtype": _label_str(labels.get("cache_dtype")),
+        "kv_cache_size_tokens": _label_int(labels.get("kv_cache_size_tokens")),
+        "num_gpu_blocks": _label_int(labels.get("num_gpu_blocks")),
+    }
+
+
+def summarize_samples(samples):
+    """Summarise parsed vLLM samples: ``{"metrics": {...}, "cache_config": {...}}``.
+
+    Counters and gauges are summed over engines (data-parallel ranks); the KV-cache usage is the
+    largest of the engines. A counter that vLLM has not created yet (the NIXL ones appear at the
+    first transfer) counts as 0.
+    """
+    if not any(name.startswith("vllm:") for name, _labels, _value in samples):
+        raise MetricsError("no vllm: metrics found; is this the /metrics endpoint of a vLLM instance?")
+    queries = sample_sum(samples, PREFIX_CACHE_QUERIES)
+    hits = sample_sum(samples, PREFIX_CACHE_HITS)
+    metrics = {
+        "num_requests_running": _int(sample_sum(samples, NUM_REQUESTS_RUNNING)),
+        "num_requests_waiting": _int(sample_sum(samples, NUM_REQUESTS_WAITING)),
+        "kv_cache_usage_perc": sample_max(samples, KV_CACHE_USAGE),
+        "prefix_cache_hit_rate": (hits / queries) if queries > 0 else None,
+        "prompt_tokens_local_compute": _int(sample_sum(samples, PROMPT_TOKENS_BY_SOURCE, source="local_compute")),
+        "prompt_tokens_local_cache_hit": _int(sample_sum(samples, PROMPT_TOKENS_BY_SOURCE, source="local_cache_hit")),
+        "prompt_tokens_external_kv_transfer": _int(
+            sample_sum(samples, PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer")
+        ),
+        "nixl_transfers": _int(sample_sum(samples, NIXL_XFER_COUNT)),
+        "nixl_failed_transfers": _int(sample_sum(samples, NIXL_FAILED)),
+        "nixl_bytes_transferred": _int(sample_sum(samples, NIXL_BYTES_SUM)),
+        "nixl_xfer_time_seconds": round(sample_sum(samples, NIXL_XFER_SUM), 6),
+    }
+    return {"metrics": metrics, "cache_config": cache_config(samples)}
+
+
+def summarize_instance(text):
+    """Parse a vLLM ``/metrics`` page and summarise it (see :func:`summarize_samples`)."""
+    return summarize_samples(parse_metrics(text))
+
+
+def summarize_router(text):
+    """vllm-router's own metrics per worker: ``{"pd_prefill_requests": {worker: n}, ...}``."""
+    samples = parse_metrics(text)
+    summary = {}
+    for key, name in ROUTER_METRICS.items():
+        per_worker = {}
+        for labels, value in _matching(samples, name, {}):
+            worker = labels.get("worker", "")
+            per_worker[worker] = per_worker.get(worker, 0.0) + value
+        summary[key] = {worker: _int(value) for worker, value in sorted(per_worker.items())}
+    return summary
+
+
+# --------------------------------------------------------------------------- expected vs live
+
+# Option of `expected` -> key of cache_config.
+EXPECTED_KEYS = (
+    ("kv_cache_dtype", "cache_dtype"),
+    ("block_size", "block_size"),
+    ("kv_cache_size_tokens", "kv_cache_size_tokens"),
+    ("num_gpu_blocks", "num_gpu_blocks"),
+)
+
+
+def compare_expected(name, url, live, expected):
+    """Problems (list of str) where the live cache config differs from ``expected``.
+
+    ``expected`` keys that are missing or None are not checked. Strings compare exactly.
+    """
+    problems = []
+    live = live or {}
+    for option, key in EXPECTED_KEYS:
+        want = (expected or {}).get(option)
+        if want is None:
+            continue
+        have = live.get(key)
+        if have is None:
+            problems.append(
+                f"instance {name} ({url}): expected {option}={want} but its /metrics does not report {key} "
+                f"(no {CACHE_CONFIG_INFO} sample)"
+            )
+            continue
+        same = str(want) == str(have) if option == "kv_cache_dtype" else _label_int(want) == have
+        if not same:
+            hint = ""
+            if option == "kv_cache_dtype" and str(want).startswith("fp8"):
+                hint = " (the KV cache is not compressed as requested)"
+            problems.append(f"instance {name} ({url}): expected {option}={want} but live {key}={have}{hint}")
+    return problems
+
+
+# --------------------------------------------------------------------------- PD proof
+
+
+def _sum(values):
+    return sum(v for v in values if v is not None)
+
+
+def evaluate_pd_proof(before, after, roles, requests, prompt_tokens=None):
+    """Decide from metrics deltas whether prefill handed the proof prompts' KV to decode.
+
+    ``before``/``after``: instance name -> ``metrics`` dict of :func:`summarize_samples`;
+    ``roles``: instance name -> ``prefill``/``decode``/``none``; ``requests``: proof requests the
+    router served; ``prompt_tokens``: their total prompt tokens from the responses (None if unknown).
+
+    Returns a dict with the deltas, ``handoff_proven`` and ``problems`` (list of str).
+    Decode may recompute the last prompt token, so up to one local token per request is accepted.
+    """
+    prefill = sorted(n for n, r in roles.items() if r == "prefill")
+    decode = sorted(n for n, r in roles.items() if r == "decode")
+    problems = []
+
+    def delta(name, key):
+        old = (before.get(name) or {}).get(key) or 0
+        new = (after.get(name) or {}).get(key) or 0
+        if new < old:
+            problems.append(
+                f"instance {name}: {key} went down from {old} to {new} during the proof; was it restarted?"
+            )
+            return 0
+        return new - old
+
+    deltas = {n: {key: delta(n, key) for key in PROOF_COUNTERS} for n in prefill + decode}
+    prefill_served = {n: deltas[n]["prompt_tokens_local_compute"] for n in prefill}
+    prefill_handled = _sum(
+        deltas[n]["prompt_tokens_local_compute"] + deltas[n]["prompt_tokens_local_cache_hit"] for n in prefill
+    )
+    decode_served = {n: deltas[n]["prompt_tokens_external_kv_transfer"] for n in decode}
+    decode_local = _sum(deltas[n]["prompt_tokens_local_compute"] for n in decode)
+    kv_tokens = _sum(decode_served.values())
+    pd = prefill + decode
+    nixl_transfers = _sum(deltas[n]["nixl_transfers"] for n in pd)
+    nixl_failed = _sum(deltas[n]["nixl_failed_transfers"] for n in pd)
+
+    result = {
+        "requests": requests,
+        "prompt_tokens": prompt_tokens,
+        "prefill_served": prefill_served,
+        "decode_served": decode_served,
+        "decode_local_compute_tokens": decode_local,
+        "kv_tokens_transferred": kv_tokens,
+        "nixl_transfers": nixl_transfers,
+        "nixl_failed_transfers": nixl_failed,
+        "nixl_bytes_transferred": _sum(deltas[n]["nixl_bytes_transferred"] for n in pd),
+        "nixl_xfer_time_seconds": round(_sum(deltas[n]["nixl_xfer_time_seconds"] for n in pd), 6),
+    }
+
+    if not prefill:
+        problems.append("the PD proof needs at least one instance with role prefill")
+    if not decode:
+        problems.append("the PD proof needs at least one instance with role decode")
+    if not requests:
+        problems.append("no proof request was served through the router, so the prefill/decode handoff is unproven")
+    elif prefill and decode:
+        decode_names = ", ".join(decode)
+        prefill_names = ", ".join(prefill)
+        of_prompt = f" of {prompt_tokens} prompt tokens" if prompt_tokens is not None else ""
+        if kv_tokens <= 0:
+            problems.append(
+                f"{requests} request(s){of_prompt} were served through the router but no KV arrived by "
+                f"external_kv_transfer on decode ({decode_names}): decode computed {decode_local} prompt tokens "
+                f"locally, prefill ({prefill_names}) computed {prefill_handled}"
+            )
+        if decode_local > requests:
+            problems.append(
+                f"decode ({decode_names}) computed {decode_local} prompt tokens locally for {requests} request(s)"
+                f"{of_prompt} (at most one per request is expected): the prompts were recomputed on decode "
+                f"instead of received from prefill"
+            )
+        needed = max(prompt_tokens - requests, 1) if prompt_tokens is not None else requests
+        if prefill_handled < needed:
+            problems.append(
+                f"prefill ({prefill_names}) computed {prefill_handled} prompt tokens for {requests} request(s)"
+                f"{of_prompt} (at least {needed} expected): the prompts did not go through prefill"
+            )
+        if kv_tokens > 0 and nixl_transfers <= 0:
+            problems.append(
+                f"decode received {kv_tokens} prompt tokens by external_kv_transfer but NIXL recorded no "
+                f"transfer ({NIXL_XFER_COUNT} did not grow)"
+            )
+    if nixl_failed > 0:
+        grew = ", ".join(f"{n} +{deltas[n]['nixl_failed_transfers']}" for n in pd if deltas[n]["nixl_failed_transfers"])
+        problems.append(f"NIXL failed transfers grew during the proof ({grew})")
+
+    result["handoff_proven"] = not problems
+    result["problems"] = problems
+    return result
+
+
+def router_deltas(before, after):
+    """Growth of the router's PD request counters (sum over workers), or None without data."""
+    if not before or not after:
+        return None
+    out = {}
+    for key in ("pd_prefill_requests", "pd_decode_requests"):
+        old = _sum((before.get(key) or {}).values())
+        new = _sum((after.get(key) or {}).values())
+        out[key] = max(new - old, 0)
+    return out
