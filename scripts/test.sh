@@ -13,8 +13,7 @@ stage "sandbox and tools"
 "$REPO_ROOT/scripts/sandbox/setup.sh" all
 bin="$("$REPO_ROOT/scripts/sandbox/tools.sh")"
 export PATH="$bin:$PATH"
-export INFEROPS_WHEELHOUSE_DIR="$WHEELHOUSE_DIR" INFEROPS_MODEL_DIR="$MODEL_DIR" INFEROPS_BASE_IMAGE="$BASE_IMAGE"
-export ANSIBLE_COLLECTIONS_PATH="$REPO_ROOT/.ansible/collections"
+export_sandbox_env
 export ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
 cd "$REPO_ROOT"
 

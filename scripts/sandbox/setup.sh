@@ -21,17 +21,19 @@ apt_install() {
 step_host() {
   apt_install podman crun debootstrap golang-github-containernetworking-plugin-dnsname \
     uidmap fuse-overlayfs ca-certificates
-  # 1. root lacks CAP_SYS_RESOURCE here, so podman's default rlimits cannot be applied.
-  local conf=/etc/containers/containers.conf
-  if ! grep -q 'inferops-vllm sandbox' "$conf" 2>/dev/null; then
-    log "setting default_ulimits in $conf"
-    mkdir -p /etc/containers
-    if grep -q '^\[containers\]' "$conf" 2>/dev/null; then
-      sed -i '/^\[containers\]/a # inferops-vllm sandbox: root cannot raise rlimits here\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]' "$conf"
-    else
-      printf '[containers]\n# inferops-vllm sandbox: root cannot raise rlimits here\ndefault_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n' >>"$conf"
+  # 1. root lacks CAP_SYS_RESOURCE here, so podman's default rlimits cannot be applied;
+  #    vLLM's engine needs ~160 MiB of /dev/shm, and Podman's default is 64 MiB.
+  local conf=/etc/containers/containers.conf line
+  mkdir -p /etc/containers
+  grep -q '^\[containers\]' "$conf" 2>/dev/null || printf '[containers]\n' >>"$conf"
+  for line in 'default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]' 'shm_size = "1g"'; do
+    if ! grep -qF "$line" "$conf"; then
+      log "containers.conf: $line"
+      # Drop an earlier value of the same key, then add ours under [containers].
+      sed -i "/^${line%% *} *=/d" "$conf"
+      sed -i "/^\[containers\]/a $line" "$conf"
     fi
-  fi
+  done
   # 2. hybrid cgroups with controllers on the v2 tree make crun refuse every container: mount
   #    each of them as a v1 hierarchy (lost at boot, so redone on every run).
   local c
@@ -78,6 +80,20 @@ step_image() {
   log "base image $BASE_IMAGE built and cached"
 }
 
+# write_lock DIR: the lock list of exactly the wheels in DIR, installed with --no-deps.
+write_lock() {
+  python3 - "$1" <<'PY'
+import pathlib, sys
+d = pathlib.Path(sys.argv[1])
+lines = []
+for whl in sorted(d.glob("*.whl")):
+    name, version = whl.name.split("-")[:2]
+    lines.append(f"{name.replace('_', '-').lower()}=={version}")
+(d / "requirements.lock").write_text("\n".join(lines) + "\n")
+PY
+  if compgen -G "$1/*.tar.gz" >/dev/null; then die "wheelhouse holds source archives: $(ls "$1"/*.tar.gz)"; fi
+}
+
 step_wheelhouse() {
   if [ -f "$WHEELHOUSE_DIR/.complete" ]; then log "wheelhouse present: $WHEELHOUSE_DIR"; return 0; fi
   local tmp="$WHEELHOUSE_DIR.tmp"
@@ -90,20 +106,24 @@ step_wheelhouse() {
   # Not used by vLLM on the CPU, and the CUDA builds of the first three break `import vllm`
   # ("operator torchvision::nms does not exist"); triton is 1 GB of GPU compiler.
   rm -f "$tmp"/torchvision-* "$tmp"/torchaudio-* "$tmp"/torchcodec-* "$tmp"/triton-* "$tmp"/nixl_cu13-*
-  # The lock list: exactly these wheels, installed with --no-deps.
-  python3 - "$tmp" <<'PY'
-import pathlib, sys
-d = pathlib.Path(sys.argv[1])
-lines = []
-for whl in sorted(d.glob("*.whl")):
-    name, version = whl.name.split("-")[:2]
-    lines.append(f"{name.replace('_', '-').lower()}=={version}")
-(d / "requirements.lock").write_text("\n".join(lines) + "\n")
-PY
-  if compgen -G "$tmp/*.tar.gz" >/dev/null; then die "wheelhouse holds source archives: $(ls "$tmp"/*.tar.gz)"; fi
+  write_lock "$tmp"
   touch "$tmp/.complete"
   rm -rf "$WHEELHOUSE_DIR"; mv "$tmp" "$WHEELHOUSE_DIR"
   log "wheelhouse ready: $(wc -l <"$WHEELHOUSE_DIR/requirements.lock") wheels, $(du -sh "$WHEELHOUSE_DIR" | cut -f1)"
+}
+
+step_router_wheelhouse() {
+  if [ -f "$ROUTER_WHEELHOUSE_DIR/.complete" ]; then log "router wheelhouse present: $ROUTER_WHEELHOUSE_DIR"; return 0; fi
+  local tmp="$ROUTER_WHEELHOUSE_DIR.tmp"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  log "downloading vllm-router $VLLM_ROUTER_VERSION and its dependencies"
+  # prometheus-client runs the inferops.vllm.vllm_health module on the router host.
+  python3 -m pip wheel -q --wheel-dir "$tmp" "vllm-router==$VLLM_ROUTER_VERSION" \
+    "prometheus-client==$PROMETHEUS_CLIENT_VERSION" 2> >(quiet_pip >&2)
+  write_lock "$tmp"
+  touch "$tmp/.complete"
+  rm -rf "$ROUTER_WHEELHOUSE_DIR"; mv "$tmp" "$ROUTER_WHEELHOUSE_DIR"
+  log "router wheelhouse ready: $(wc -l <"$ROUTER_WHEELHOUSE_DIR/requirements.lock") wheels"
 }
 
 step_model() {
@@ -132,8 +152,8 @@ step_model() {
 case "${1:-all}" in
   host) step_host ;;
   image) step_host; step_image ;;
-  wheelhouse) step_wheelhouse ;;
+  wheelhouse) step_wheelhouse; step_router_wheelhouse ;;
   model) step_model ;;
-  all) step_host; step_image; step_wheelhouse; step_model ;;
+  all) step_host; step_image; step_wheelhouse; step_router_wheelhouse; step_model ;;
   *) die "unknown step '${1}': use all, host, image, wheelhouse or model" ;;
 esac

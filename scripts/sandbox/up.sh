@@ -7,11 +7,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 "$REPO_ROOT/scripts/sandbox/setup.sh" all
 bin="$("$REPO_ROOT/scripts/sandbox/tools.sh")"
-export PATH="$bin:$PATH" INFEROPS_WHEELHOUSE_DIR="$WHEELHOUSE_DIR" INFEROPS_MODEL_DIR="$MODEL_DIR"
+export PATH="$bin:$PATH"
+export_sandbox_env
 
 network=inferops-sandbox
 podman network exists "$network" || podman network create "$network" >/dev/null
-for name in inferops-prefill-1 inferops-decode-1; do
+for name in inferops-prefill-1 inferops-decode-1 inferops-router-1; do
   if ! podman container exists "$name"; then
     log "starting sandbox host $name"
     podman run -d --name "$name" --hostname "$name" --network "$network" --systemd=always \

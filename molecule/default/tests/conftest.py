@@ -15,6 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 # Overridable so that the same checks run against the sandbox of scripts/sandbox/up.sh.
 PREFILL = os.environ.get("INFEROPS_PREFILL_HOST", "molecule-prefill")
 DECODE = os.environ.get("INFEROPS_DECODE_HOST", "molecule-decode")
+ROUTER = os.environ.get("INFEROPS_ROUTER_HOST", "molecule-router")
+
+
+def secret(name: str) -> str:
+    """A sandbox key, as the inventory's password lookups made it (scripts/sandbox/lib.sh)."""
+    with open(os.path.join(os.environ["INFEROPS_SECRETS_DIR"], name)) as f:
+        return f.read().split()[0]
 
 
 def container_ip(name: str) -> str:
@@ -53,6 +60,11 @@ def prefill_host():
 @pytest.fixture(scope="session")
 def decode_host():
     return testinfra.get_host(f"podman://{DECODE}")
+
+
+@pytest.fixture(scope="session")
+def router_host():
+    return testinfra.get_host(f"podman://{ROUTER}")
 
 
 @pytest.fixture(scope="session")

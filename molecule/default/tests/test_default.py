@@ -4,7 +4,7 @@ real KV handoff from prefill to decode over NIXL."""
 from __future__ import annotations
 
 import pytest
-from conftest import http_json, metric_samples
+from conftest import http_json, metric_samples, secret
 
 LAUNCH = "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config"
 
@@ -94,10 +94,14 @@ def test_launcher_rejects_a_broken_config_on_the_host(prefill_host):
         assert expected in res.stderr, res.stderr
 
 
+def auth() -> dict:
+    return {"Authorization": f"Bearer {secret('instance_api_key')}"}
+
+
 def test_health_version_and_model(prefill_url, decode_url):
     for url in (prefill_url, decode_url):
         assert http_json(f"{url}/version")["version"] == "0.32.0"
-        models = [m["id"] for m in http_json(f"{url}/v1/models")["data"]]
+        models = [m["id"] for m in http_json(f"{url}/v1/models", headers=auth())["data"]]
         assert models == [MODEL]
 
 
@@ -110,7 +114,7 @@ def test_pd_handoff_moves_kv_from_prefill_to_decode(prefill_url, decode_url):
         "model": MODEL, "prompt": PROMPT, "max_tokens": 1, "temperature": 0,
         "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                                "remote_block_ids": None, "remote_host": None, "remote_port": None},
-    })
+    }, headers=auth())
     params = first["kv_transfer_params"]
     assert params and params.get("do_remote_prefill") is True, first
     prompt_tokens = first["usage"]["prompt_tokens"]
@@ -119,7 +123,7 @@ def test_pd_handoff_moves_kv_from_prefill_to_decode(prefill_url, decode_url):
     # Step 2: decode pulls that KV over NIXL and generates.
     second = http_json(f"{decode_url}/v1/completions", {
         "model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "kv_transfer_params": params,
-    })
+    }, headers=auth())
     pd_text = second["choices"][0]["text"]
 
     after_p = metric_samples(f"{prefill_url}/metrics")
@@ -144,6 +148,6 @@ def test_pd_handoff_moves_kv_from_prefill_to_decode(prefill_url, decode_url):
     # The disaggregated answer equals the answer of a colocated request.
     direct = http_json(f"{decode_url}/v1/completions", {
         "model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
-    })
+    }, headers=auth())
     assert pd_text == direct["choices"][0]["text"]
     assert "Paris" in pd_text
