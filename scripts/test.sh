@@ -17,6 +17,10 @@ export_sandbox_env
 export ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
 cd "$REPO_ROOT"
 
+# molecule installs a copy of the collection under test into ~/.ansible/collections; a stale one
+# from an earlier run would shadow this checkout for ansible-lint.
+rm -rf "$HOME/.ansible/collections/ansible_collections/inferops/vllm"
+
 if [[ " $stages " == *" lint "* ]]; then
   stage "lint: yamllint, ansible-lint (production profile), ruff"
   yamllint --strict .
