@@ -2,42 +2,64 @@
 # The README's test command: installs what it needs (sandbox, tools), then runs lint, unit
 # tests and the molecule scenarios against real vLLM in Podman containers.
 # INFEROPS_TEST_STAGES limits the stages (space-separated: lint unit molecule).
+# (Everything runs inside main(), so bash has read the whole file before it starts.)
 # shellcheck source=scripts/sandbox/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/sandbox/lib.sh"
 
-stages="${INFEROPS_TEST_STAGES:-lint unit molecule}"
-start=$(date +%s)
-stage() { printf '\n\033[1m== %s\033[0m (t+%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
+main() {
+  local stages="${INFEROPS_TEST_STAGES:-lint unit molecule}" start out inv role scenario bin
+  start=$(date +%s)
+  stage() { printf '\n\033[1m== %s\033[0m (t+%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
 
-stage "sandbox and tools"
-"$REPO_ROOT/scripts/sandbox/setup.sh" all
-bin="$("$REPO_ROOT/scripts/sandbox/tools.sh")"
-export PATH="$bin:$PATH"
-export_sandbox_env
-export ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
-cd "$REPO_ROOT"
+  stage "sandbox and tools"
+  "$REPO_ROOT/scripts/sandbox/setup.sh" all
+  bin="$("$REPO_ROOT/scripts/sandbox/tools.sh")"
+  export PATH="$bin:$PATH"
+  export_sandbox_env
+  export ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
+  cd "$REPO_ROOT"
+  # molecule installs a copy of the collection under test into ~/.ansible/collections; a stale
+  # one from an earlier run would shadow this checkout for ansible-lint.
+  rm -rf "$HOME/.ansible/collections/ansible_collections/inferops/vllm"
 
-# molecule installs a copy of the collection under test into ~/.ansible/collections; a stale one
-# from an earlier run would shadow this checkout for ansible-lint.
-rm -rf "$HOME/.ansible/collections/ansible_collections/inferops/vllm"
+  if [[ " $stages " == *" lint "* ]]; then
+    stage "lint: yamllint, ansible-lint (production profile), ruff"
+    yamllint --strict .
+    ansible-lint --offline
+    ruff check .
 
-if [[ " $stages " == *" lint "* ]]; then
-  stage "lint: yamllint, ansible-lint (production profile), ruff"
-  yamllint --strict .
-  ansible-lint --offline
-  ruff check .
-fi
+    stage "collection: build and install the artifact, docs render, playbooks and inventories parse"
+    out="$(mktemp -d)"
+    ansible-galaxy collection build --force --output-path "$out" . >/dev/null
+    ANSIBLE_COLLECTIONS_PATH="$out/installed" ansible-galaxy collection install --force --offline --no-deps -p "$out/installed" "$out"/inferops-vllm-*.tar.gz >/dev/null
+    test -f "$out/installed/ansible_collections/inferops/vllm/roles/vllm_instance/files/inferops_vllm_launch.py"
+    test ! -e "$out/installed/ansible_collections/inferops/vllm/molecule"
+    rm -rf "$out"
+    ansible-doc -t module inferops.vllm.vllm_health >/dev/null
+    ansible-doc -t filter inferops.vllm.pd_instances >/dev/null
+    for role in python_venv vllm_install vllm_instance vllm_router vllm_verify; do
+      ansible-doc -t role "inferops.vllm.$role" >/dev/null
+    done
+    for inv in sandbox example; do
+      ansible-inventory -i "inventories/$inv" --list >/dev/null
+      ansible-playbook --syntax-check -i "inventories/$inv" playbooks/deploy_pd.yml playbooks/verify.yml >/dev/null
+    done
+  fi
 
-if [[ " $stages " == *" unit "* ]]; then
-  stage "unit tests"
-  pytest -q tests/unit
-fi
+  if [[ " $stages " == *" unit "* ]]; then
+    stage "unit tests"
+    pytest -q tests/unit
+  fi
 
-if [[ " $stages " == *" molecule "* ]]; then
-  for scenario in default; do
-    stage "molecule test -s $scenario"
-    molecule test -s "$scenario"
-  done
-fi
+  if [[ " $stages " == *" molecule "* ]]; then
+    for scenario in default; do
+      stage "molecule test -s $scenario"
+      molecule test -s "$scenario"
+    done
+  fi
 
-stage "all stages passed: $stages"
+  stage "all stages passed: $stages"
+}
+
+main "$@"
+exit $?

@@ -164,8 +164,8 @@ options:
       - It must be several tokens long; vLLM never transfers the KV of a one-token prompt.
     type: str
     default: >-
-      Please answer in one short sentence: which city is the capital of France, and what is the name of the
-      famous iron tower that was built there for a world fair?
+      Question: which city is the capital of France, the city of the famous iron tower that was built
+      there for a world fair? Answer: The capital of France is
   proof_max_tokens:
     description:
       - C(max_tokens) of each proof completion (sent with temperature 0).
@@ -494,8 +494,8 @@ def argument_spec():
         proof_prompt=dict(
             type="str",
             default=(
-                "Please answer in one short sentence: which city is the capital of France, and what is the "
-                "name of the famous iron tower that was built there for a world fair?"
+                "Question: which city is the capital of France, the city of the famous iron tower that was built "
+                "there for a world fair? Answer: The capital of France is"
             ),
         ),
         proof_max_tokens=dict(type="int", default=8),
