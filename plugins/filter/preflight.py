@@ -1,0 +1,1195 @@
+# Copyright (c) inferops.vllm contributors
+# Apache License 2.0
+"""Checks of a whole prefill/decode inventory, and KV-cache sizing, run once on the controller.
+
+Documented in pd_preflight.yml and kv_sizing.yml beside this file; playbooks/preflight.yml and
+playbooks/sizing.yml call them. Plain Python on plain dicts and lists (what
+``roles/vllm_instance/tasks/publish.yml`` and ``playbooks/preflight.yml`` publish per host), so
+the checks are unit-testable without Ansible and take milliseconds for a thousand hosts.
+
+Input, ``published_by_host``: ``hostvars`` (a host's ``__vllm_instance_preflight``, and a router
+host's ``vllm_router_*`` inventory variables, else the router role's documented defaults), or as
+plain data: inventory host name -> ``{"instance": <__vllm_instance_preflight or None>, "router":
+<router settings or None>, "allow_shared_hosts": bool}``. Only the hosts of the prefill, decode and
+router groups are read.
+
+``pd_preflight`` returns one line per problem, ``[<check>] <hosts>: <variable>: <what is wrong>
+Fix: <how>``; the same problem on many hosts is one line naming them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+INSTANCE_FACT = "__vllm_instance_preflight"
+ROUTER_FACT = "__inferops_router_preflight"
+
+# Kept equal to roles/vllm_instance/files/inferops_vllm_launch.py and the role's argument spec.
+QUANTIZATION_METHODS = (
+    "awq",
+    "gptq",
+    "bitsandbytes",
+    "fp8",
+    "compressed-tensors",
+    "gguf",
+    "awq_marlin",
+    "gptq_marlin",
+    "marlin",
+    "experts_int8",
+    "modelopt",
+    "mxfp4",
+)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+KV_TRANSFER_BACKENDS = ("nixl",)
+# vLLM's block size when none is given: 128 on the CPU build, 16 on GPUs.
+DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
+# The router role's documented defaults (roles/vllm_router/defaults/main.yml).
+ROUTER_DEFAULTS = {"port": 8300, "metrics_port": 29000, "front_port": 8000}
+ROUTER_VARS = {"port": "vllm_router_port", "metrics_port": "vllm_router_metrics_port",
+               "front_port": "vllm_router_front_port"}
+DEFAULT_MIN_TOKENS_PER_SECOND = 20
+
+# Weight dtype spellings -> canonical name; "auto" resolves from the checkpoint.
+DTYPE_ALIASES = {
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "half": "float16", "fp16": "float16",
+    "float32": "float32", "float": "float32", "fp32": "float32",
+}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# The instance settings that must be booleans (enable_chunked_prefill may also be null).
+BOOLEAN_SETTINGS = ("enforce_eager", "enable_prefix_caching", "trust_remote_code", "enable_chunked_prefill")
+NULLABLE_BOOLEANS = ("enable_chunked_prefill",)
+# Settings publish.yml leaves out (they may carry site secrets); overrides may still set them.
+UNPUBLISHED_SETTINGS = ("environment", "extra_args")
+INSTANCE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+LOW_BIT_KV_RE = re.compile(r"(?:u?int|i|q|nf|(?:nv|mx)?fp)?[-_]?(\d{1,2})(?:[-_ ]?(?:bits?|b))?")
+NCCL_REMOVED = (
+    "the P2pNcclConnector (the sources' \"nccl\" backend) was removed from vLLM."
+)
+
+CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quantization", "capacity",
+          "unsupported", "client", "network", "secrets", "booleans")
+
+
+# --- small helpers ------------------------------------------------------------------------------
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _to_int(value: Any) -> int | None:
+    """An int from an int, an integral float or a decimal string; None for anything else (bools too)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        return int(value)
+    return None
+
+
+def _to_float(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return f"'{value}'"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def _kind(value: Any) -> str:
+    for types, name in ((bool, "a boolean"), (str, "a string"), (int, "an integer"), (float, "a number"),
+                        (Mapping, "a mapping"), (list, "a list")):
+        if isinstance(value, types):
+            return name
+    return "null" if value is None else type(value).__name__
+
+
+def _names(items: Iterable[str], limit: int = 6) -> str:
+    seen: list[str] = []
+    for item in items:
+        if item not in seen:
+            seen.append(item)
+    if len(seen) <= limit:
+        return ", ".join(seen)
+    return f"{', '.join(seen[:limit])} and {len(seen) - limit} more"
+
+
+def _human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+class _Report:
+    """Problems keyed by (check, variable, what, fix): one line per problem, naming every host it hits."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[tuple[str, str, str, str], list[str]] = {}
+
+    def add(self, check: str, hosts: str | Iterable[str] | None, variable: str, what: str, fix: str) -> None:
+        key = (check, variable, what, fix)
+        bucket = self._hosts.setdefault(key, [])
+        if isinstance(hosts, str):
+            hosts = [hosts]
+        for host in hosts or ():
+            if host not in bucket:
+                bucket.append(host)
+
+    def lines(self) -> list[str]:
+        order = {name: i for i, name in enumerate(CHECKS)}
+        items = sorted(self._hosts.items(), key=lambda kv: order.get(kv[0][0], len(order)))
+        out = []
+        for (check, variable, what, fix), hosts in items:
+            where = f"{_names(hosts)}: " if hosts else ""
+            out.append(f"[{check}] {where}{variable}: {what} Fix: {fix}")
+        return out
+
+
+# --- model facts --------------------------------------------------------------------------------
+
+FACT_KEYS = ("num_attention_heads", "num_key_value_heads", "num_hidden_layers", "head_dim", "hidden_size",
+             "max_position_embeddings", "weights_bytes")
+
+
+@dataclass
+class ModelFacts:
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    num_hidden_layers: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int | None = None
+    weights_bytes: int | None = None
+    dtype: str | None = None  # canonical checkpoint dtype (config.json torch_dtype / dtype)
+    quantization_config: dict[str, Any] | None = None
+    rope_scaled: bool = False  # rope scaling stretches the context beyond max_position_embeddings
+    source: str = "unknown"
+    error: str | None = None
+
+    @property
+    def kv_known(self) -> bool:
+        return bool(self.num_hidden_layers and self.num_key_value_heads and self.head_dim)
+
+    @property
+    def quant_method(self) -> str:
+        qc = self.quantization_config or {}
+        return _text(qc.get("quant_method") or qc.get("quantization_method") or "unknown")
+
+
+@lru_cache(maxsize=256)
+def _read_model_dir(path: str) -> tuple[str | None, int | None, str | None]:
+    """(config.json text, total weight bytes, error) of a model directory on the controller; cached per run."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isdir(path):
+        return None, None, f"'{path}' is not a directory on the controller"
+    try:
+        with open(config, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        return None, None, f"'{config}' cannot be read ({exc.strerror or exc})"
+    weights = 0
+    found = False
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.name.endswith((".safetensors", ".bin", ".pt", ".gguf")) and entry.is_file():
+                    weights += entry.stat().st_size
+                    found = True
+    except OSError:
+        found = False
+    return text, (weights if found else None), None
+
+
+def _config_values(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The facts the checks use from a Hugging Face config.json (text_config for multimodal models)."""
+    nested = config.get("text_config")
+    if "num_attention_heads" not in config and isinstance(nested, Mapping):
+        merged = dict(nested)
+        merged.setdefault("quantization_config", config.get("quantization_config"))
+        merged.setdefault("torch_dtype", config.get("torch_dtype") or config.get("dtype"))
+        config = merged
+    return {
+        "num_attention_heads": config.get("num_attention_heads"),
+        "num_key_value_heads": config.get("num_key_value_heads"),
+        "num_hidden_layers": config.get("num_hidden_layers"),
+        "head_dim": config.get("head_dim"),
+        "hidden_size": config.get("hidden_size"),
+        "max_position_embeddings": config.get("max_position_embeddings"),
+        "torch_dtype": config.get("torch_dtype") or config.get("dtype"),
+        "quantization_config": config.get("quantization_config"),
+        "rope_scaling": config.get("rope_scaling") or config.get("rope_parameters"),
+    }
+
+
+def model_facts(published: Mapping[str, Any]) -> ModelFacts:
+    """Facts about the model of one host: its config.json when the model is a controller directory
+    (values there win), completed by the declared vllm_instance_model_facts."""
+    declared = published.get("model_facts") or {}
+    if not isinstance(declared, Mapping):
+        declared = {}
+    values: dict[str, Any] = {}
+    source = []
+    facts = ModelFacts()
+    model = _text(published.get("model"))
+    if published.get("model_is_local") and model:
+        text, weights, error = _read_model_dir(model.rstrip("/") or "/")
+        if error:
+            facts.error = error
+        else:
+            try:
+                config = json.loads(text or "")
+                if not isinstance(config, Mapping):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                facts.error = f"'{model}/config.json' is not valid JSON ({exc})"
+            else:
+                values = {k: v for k, v in _config_values(config).items() if v is not None}
+                values.setdefault("weights_bytes", weights)
+                source.append(f"{model.rstrip('/')}/config.json")
+    from_declared = False
+    for key in (*FACT_KEYS, "torch_dtype", "quantization_config"):
+        if values.get(key) is None and declared.get(key) is not None:
+            values[key] = declared[key]
+            from_declared = True
+    if from_declared:
+        source.append("vllm_instance_model_facts")
+    facts.source = " + ".join(source) or "unknown"
+    facts.num_attention_heads = _to_int(values.get("num_attention_heads"))
+    facts.num_key_value_heads = _to_int(values.get("num_key_value_heads")) or facts.num_attention_heads
+    facts.num_hidden_layers = _to_int(values.get("num_hidden_layers"))
+    facts.head_dim = _to_int(values.get("head_dim"))
+    hidden = _to_int(values.get("hidden_size"))
+    if not facts.head_dim and hidden and facts.num_attention_heads:
+        facts.head_dim = hidden // facts.num_attention_heads
+    facts.max_position_embeddings = _to_int(values.get("max_position_embeddings"))
+    facts.weights_bytes = _to_int(values.get("weights_bytes"))
+    facts.dtype = DTYPE_ALIASES.get(_text(values.get("torch_dtype")).lower())
+    rope = values.get("rope_scaling")
+    if isinstance(rope, Mapping):
+        facts.rope_scaled = _text(rope.get("rope_type") or rope.get("type") or "default") != "default"
+    qc = values.get("quantization_config")
+    facts.quantization_config = dict(qc) if isinstance(qc, Mapping) and qc else None
+    return facts
+
+
+# --- per-instance records -------------------------------------------------------------------------
+
+
+@dataclass
+class Instance:
+    host: str
+    group: str  # prefill | decode (inventory group)
+    name: str
+    port: Any
+    kv_transfer_port: Any
+    gpus: Any
+    settings: dict[str, Any]
+    overrides: dict[str, Any]
+    published: Mapping[str, Any]
+    facts: ModelFacts
+    label: str = ""
+
+    def variable(self, key: str) -> str:
+        """Where a setting of this instance comes from: its overrides, or the role variable."""
+        if key in self.overrides:
+            return f"vllm_instance_instances[{self.name}].overrides.{key}"
+        return f"vllm_instance_{key}"
+
+    @property
+    def variant(self) -> str:
+        return _text(self.published.get("vllm_variant") or "cuda")
+
+    @property
+    def tp(self) -> int | None:
+        return _to_int(self.settings.get("tensor_parallel_size", 1))
+
+    @property
+    def pp(self) -> int | None:
+        return _to_int(self.settings.get("pipeline_parallel_size", 1))
+
+    @property
+    def dtype(self) -> str | None:
+        """Resolved weight dtype; None when 'auto' and the checkpoint's dtype is unknown."""
+        raw = _text(self.settings.get("dtype") or "auto").lower()
+        if raw == "auto":
+            if self.facts.dtype == "float32":
+                return "float16"  # vLLM's auto: FP16 for FP32 and FP16 checkpoints, BF16 for BF16 ones
+            return self.facts.dtype
+        return DTYPE_ALIASES.get(raw, raw)
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        raw = _text(self.settings.get("kv_cache_dtype") or "auto")
+        if raw == "auto":
+            return self.dtype or "auto"
+        if raw == "fp8":
+            return "fp8_e4m3"
+        return raw
+
+    @property
+    def kv_dtype_bytes(self) -> tuple[int, str]:
+        """Bytes per KV element, and how that was decided."""
+        raw = _text(self.settings.get("kv_cache_dtype") or "auto")
+        if raw.startswith("fp8"):
+            return 1, raw
+        if raw == "auto":
+            if self.dtype in DTYPE_BYTES:
+                return DTYPE_BYTES[self.dtype], f"auto = {self.dtype}"
+            return 2, "auto, assumed 16-bit (model dtype unknown)"
+        return DTYPE_BYTES.get(DTYPE_ALIASES.get(raw, raw), 2), raw
+
+    @property
+    def max_model_len(self) -> int | None:
+        """Resolved max_model_len: the setting, or the model's own when 0; None when unknown."""
+        value = _to_int(self.settings.get("max_model_len") or 0)
+        if value:
+            return value
+        return self.facts.max_position_embeddings
+
+    @property
+    def block_size(self) -> tuple[int, bool]:
+        """(tokens per block, whether it is vLLM's default for the variant)."""
+        value = _to_int(self.settings.get("block_size") or 0)
+        if value:
+            return value, False
+        return DEFAULT_BLOCK_SIZE.get(self.variant, 16), True
+
+
+_UNSET = object()
+
+
+def _var(variables: Mapping[str, Any], name: str) -> tuple[Any, str]:
+    """(value, "set" | "unset" | "broken") of one host variable; "broken" when it is set but cannot be
+    resolved, for example a reference to a vault variable that is not loaded."""
+    try:
+        if name not in variables:
+            return None, "unset"
+        value = variables[name]
+    except Exception:  # noqa: BLE001 - Ansible's undefined-variable errors, without importing Ansible
+        return None, "broken"
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if any(_undefined(item) for item in items):
+        return None, "broken"
+    return value, "set"
+
+
+def _undefined(value: Any) -> bool:
+    """Whether a value is Jinja's (or Ansible's) stand-in for an undefined variable."""
+    return any(cls.__name__ in ("Undefined", "Marker") for cls in type(value).__mro__)
+
+
+def _router_from_vars(variables: Mapping[str, Any]) -> dict[str, Any]:
+    """A router host's settings from its inventory variables, else the vllm_router role's documented
+    defaults. No key is kept, only how many there are."""
+    out: dict[str, Any] = {}
+    for key, name in ROUTER_VARS.items():
+        value, state = _var(variables, name)
+        if state == "broken":
+            value = "(undefined variable)"
+        out[key] = ROUTER_DEFAULTS[key] if state == "unset" else value
+    keys, state = _var(variables, "vllm_router_api_keys")
+    out["api_keys_broken"] = state == "broken"
+    out["api_keys_count"] = len(keys) if isinstance(keys, list) else 0
+    out["api_keys_not_a_list"] = state == "set" and not isinstance(keys, list)
+    allow, state = _var(variables, "vllm_router_allow_unauthenticated")
+    out["allow_unauthenticated"] = False if state == "unset" else allow
+    for key in ("tls_certificate", "tls_key"):
+        value, state = _var(variables, f"vllm_router_{key}")
+        out[key] = state == "broken" or bool(value)
+    return out
+
+
+def _split(entry: Any, is_router: bool = False) -> tuple[Mapping | None, Mapping | None, Any]:
+    """(instance, router, allow_shared_hosts) from one host's entry, in any of the accepted shapes."""
+    if not isinstance(entry, Mapping):
+        return None, None, None
+    if isinstance(entry, dict):  # plain data (hostvars[host] is a lazy mapping, never a dict)
+        if entry and set(entry) <= {"instance", "router", "allow_shared_hosts"}:
+            return entry.get("instance"), entry.get("router"), entry.get("allow_shared_hosts")
+        if "instances" in entry and "pd_role" in entry:  # a bare __vllm_instance_preflight
+            return entry, None, None
+    # A host's variables (hostvars[host]).
+    instance = _var(entry, INSTANCE_FACT)[0]
+    router = _var(entry, ROUTER_FACT)[0]
+    if router is None and is_router:
+        router = _router_from_vars(entry)
+    return instance, router, _var(entry, "inferops_allow_shared_hosts")[0]
+
+
+def _instances(host: str, group: str, published: Mapping[str, Any], rep: _Report | None) -> list[Instance]:
+    host_settings = published.get("settings") or {}
+    facts = model_facts(published)
+    raw = published.get("instances")
+    if not isinstance(raw, list) or not raw:
+        if rep:
+            rep.add("instances", host, "vllm_instance_instances", "lists no instance.",
+                    "give the host at least one instance: {name, port, kv_transfer_port}.")
+        return []
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            if rep:
+                rep.add("instances", host, "vllm_instance_instances",
+                        f"entry {i} is {_show(item)}, not a mapping.",
+                        "write each instance as {name, port, kv_transfer_port}.")
+            continue
+        overrides = item.get("overrides") or {}
+        if not isinstance(overrides, Mapping):
+            overrides = {}
+        settings = item.get("settings")
+        if not isinstance(settings, Mapping):
+            settings = {**host_settings, **overrides}
+        out.append(Instance(
+            host=host, group=group, name=_text(item.get("name")) or f"#{i}", port=item.get("port"),
+            kv_transfer_port=item.get("kv_transfer_port"), gpus=item.get("gpus"), settings=dict(settings),
+            overrides=dict(overrides), published=published, facts=facts,
+        ))
+    many = len(out) > 1
+    for inst in out:
+        inst.label = f"{host}/{inst.name}" if many else host
+    return out
+
+
+# --- KV sizing --------------------------------------------------------------------------------------
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int, tp: int = 1, pp: int = 1) -> int:
+    """KV bytes one token takes on one worker: 2 (K and V) x layers x KV heads x head_dim x bytes,
+    with the layers split over pipeline stages (the largest stage counts) and the KV heads over
+    tensor-parallel ranks (replicated, one per rank, when there are fewer heads than ranks)."""
+    layers_per_worker = math.ceil(layers / max(pp, 1))
+    heads_per_worker = max(1, math.ceil(kv_heads / max(tp, 1)))
+    return 2 * layers_per_worker * heads_per_worker * head_dim * dtype_bytes
+
+
+def kv_blocks(memory_bytes: int, block_size: int, bytes_per_token: int) -> int:
+    """vLLM's block count for a KV budget: floor(memory / (block_size x bytes per token))."""
+    if block_size <= 0 or bytes_per_token <= 0:
+        return 0
+    return max(0, int(memory_bytes) // (block_size * bytes_per_token))
+
+
+def exact_word(sizing: Mapping[str, Any]) -> str:
+    return "" if sizing.get("exact") else "at most "
+
+
+def _size(inst: Instance) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """The sizing of one instance, and its capacity problems as (variable, what, fix)."""
+    s = inst.settings
+    facts = inst.facts
+    block, block_default = inst.block_size
+    max_len = inst.max_model_len
+    override = _to_int(s.get("num_gpu_blocks_override") or 0) or 0
+    memory = _to_int(s.get("kv_cache_memory_bytes") or 0) or 0
+    util = _to_float(s.get("gpu_memory_utilization"))
+    gpu_memory = _to_int(inst.published.get("gpu_memory_bytes") or 0) or 0
+    tp, pp = inst.tp or 1, inst.pp or 1
+    dtype_bytes, dtype_how = inst.kv_dtype_bytes
+    out: dict[str, Any] = {
+        "host": inst.host, "instance": inst.name, "role": inst.group,
+        "model": _text(inst.published.get("model")), "model_facts_source": facts.source,
+        "kv_cache_dtype": _text(s.get("kv_cache_dtype") or "auto"), "kv_dtype_bytes": dtype_bytes,
+        "tensor_parallel_size": tp, "pipeline_parallel_size": pp,
+        "block_size": block, "block_size_is_default": block_default,
+        "bytes_per_token": None, "budget": "unknown", "budget_bytes": None, "num_blocks": None,
+        "num_gpu_blocks_override": override or None, "tokens": None, "exact": False,
+        "max_model_len": max_len, "max_len_requests": None, "summary": "",
+    }
+    problems: list[tuple[str, str, str]] = []
+    head = f"{inst.host}/{inst.name} ({inst.group})"
+    if override and max_len and override * block < max_len:
+        problems.append((
+            inst.variable("num_gpu_blocks_override"),
+            f"caps the KV cache at {override} blocks x {block} tokens = {override * block} tokens, less than one "
+            f"request of max_model_len {max_len}: vLLM refuses to start.",
+            f"raise it to at least {math.ceil(max_len / block)} (or 0 for no cap), "
+            "or lower vllm_instance_max_model_len.",
+        ))
+    if not facts.kv_known:
+        out["summary"] = (
+            f"{head}: capacity unknown: the model's num_hidden_layers, num_key_value_heads and head_dim are unknown "
+            f"({facts.error or 'a hub model'}); declare them in vllm_instance_model_facts."
+        )
+        return out, problems
+    per_gpu = "" if inst.variant == "cpu" else " per GPU"
+    bpt = kv_bytes_per_token(facts.num_hidden_layers, facts.num_key_value_heads, facts.head_dim, dtype_bytes, tp, pp)
+    out["bytes_per_token"] = bpt
+    how = (
+        f"{bpt} B/token = 2 x {math.ceil(facts.num_hidden_layers / pp)} layers x "
+        f"{max(1, math.ceil(facts.num_key_value_heads / tp))} KV heads x {facts.head_dim} head_dim x "
+        f"{dtype_bytes} B ({dtype_how}){per_gpu if tp * pp > 1 else ''}"
+    )
+    block_how = f"block {block}{' (vLLM default on ' + inst.variant + ')' if block_default else ''}"
+    per_gpu_weights = facts.weights_bytes / (tp * pp) if facts.weights_bytes else None
+    if memory > 0:
+        out["budget"], out["budget_bytes"], out["exact"] = "kv_cache_memory_bytes", memory, True
+        fits = kv_blocks(memory, block, bpt)
+        budget_how = f"kv_cache_memory_bytes {memory} ({_human_bytes(memory)}){per_gpu}"
+        if gpu_memory and inst.variant != "cpu" and memory + (per_gpu_weights or 0) > gpu_memory:
+            problems.append((
+                inst.variable("kv_cache_memory_bytes"),
+                f"{memory} B of KV cache"
+                f"{' plus ' + _human_bytes(per_gpu_weights) + ' of weights' if per_gpu_weights else ''}"
+                f" per GPU do not fit in the GPU's {gpu_memory} B (vllm_instance_gpu_memory_bytes).",
+                "lower vllm_instance_kv_cache_memory_bytes, or spread the model over more GPUs.",
+            ))
+    elif gpu_memory and util is not None:
+        out["budget"] = "gpu_memory_utilization"
+        upper = gpu_memory * util - (per_gpu_weights or 0)
+        out["budget_bytes"] = max(0, int(upper))
+        fits = kv_blocks(max(0, int(upper)), block, bpt)
+        budget_how = (
+            f"at most {_human_bytes(max(0, upper))} per GPU = {util} (gpu_memory_utilization) x "
+            f"{_human_bytes(gpu_memory)}"
+            + (f" - {_human_bytes(per_gpu_weights)} weights" if per_gpu_weights else " (weights unknown)")
+            + ", before activations: an upper bound"
+        )
+    else:
+        fits = None
+        budget_how = (
+            f"gpu_memory_utilization {util} needs the GPU's memory; declare vllm_instance_gpu_memory_bytes "
+            "(or set a fixed vllm_instance_kv_cache_memory_bytes)"
+        )
+    if override and fits is not None and override > fits:
+        problems.append((
+            inst.variable("num_gpu_blocks_override"),
+            f"asks for {override} KV blocks, but {budget_how} holds only {fits} blocks of {block} tokens "
+            f"({how}); vLLM would allocate more memory than the budget.",
+            f"lower it to at most {fits}, or 0 to let vLLM size the cache.",
+        ))
+    blocks = fits
+    if override:
+        blocks = override if fits is None else min(override, fits)
+    if blocks is not None:
+        out["num_blocks"] = blocks
+        out["tokens"] = blocks * block
+        if max_len:
+            out["max_len_requests"] = out["tokens"] // max_len
+        capped = bool(override) and (fits is None or override < fits)
+        if max_len and out["tokens"] < max_len and not capped:  # a too small cap is reported above
+            need = math.ceil(max_len / block) * block * bpt
+            problems.append((
+                inst.variable("kv_cache_memory_bytes") if memory > 0 else inst.variable("gpu_memory_utilization"),
+                f"the KV cache holds {exact_word(out)}{out['tokens']} tokens ({blocks} blocks x {block}; {budget_how}; "
+                f"{how}), less than one request of max_model_len {max_len}: vLLM refuses to start.",
+                f"give it at least {need} bytes ({_human_bytes(need)}) of KV cache{per_gpu}, use kv_cache_dtype fp8, "
+                f"or lower vllm_instance_max_model_len to at most {out['tokens']}.",
+            ))
+        capped_by = " (capped by num_gpu_blocks_override)" if override and blocks == override else ""
+        reqs = f" = {out['max_len_requests']} requests of max_model_len {max_len}" if max_len else ""
+        out["summary"] = (
+            f"{head}: {exact_word(out)}{out['tokens']} tokens in {blocks} blocks of {block}{capped_by}{reqs}. "
+            f"Budget: {budget_how}. KV: {how}; {block_how}."
+        )
+    else:
+        out["summary"] = f"{head}: capacity unknown: {budget_how}. KV: {how}; {block_how}."
+    return out, problems
+
+
+# --- the checks ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Inventory:
+    groups: dict[str, list[str]]
+    instance_pub: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    router_pub: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    shared_ok: dict[str, Any] = field(default_factory=dict)
+    instances: list[Instance] = field(default_factory=list)
+
+
+def _load(published_by_host: Mapping[str, Any], groups: Mapping[str, Any], rep: _Report | None) -> _Inventory:
+    g = {name: [str(h) for h in (groups or {}).get(name) or []] for name in ("prefill", "decode", "router")}
+    inv = _Inventory(groups=g)
+    source = published_by_host or {}
+    for host in dict.fromkeys(g["prefill"] + g["decode"] + g["router"]):
+        try:
+            entry = source[host] if host in source else None
+        except Exception:  # noqa: BLE001 - a host whose variables cannot be resolved published nothing
+            entry = None
+        instance, router, shared = _split(entry, host in g["router"])
+        if isinstance(instance, Mapping):
+            inv.instance_pub[host] = instance
+        if isinstance(router, Mapping):
+            inv.router_pub[host] = router
+        if shared is not None:
+            inv.shared_ok[host] = shared
+    for group in ("prefill", "decode"):
+        for host in g[group]:
+            if host in inv.instance_pub and not (group == "decode" and host in g["prefill"]):
+                inv.instances.extend(_instances(host, group, inv.instance_pub[host], rep))
+    return inv
+
+
+def _check_groups(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> None:
+    g = inv.groups
+    if opts.get("pd_enabled", True):
+        jobs = (("prefill", "compute the prompts and hand their KV over"), ("decode", "receive the KV and generate"))
+        for group, job in jobs:
+            if not g[group]:
+                rep.add("groups", None, f"groups['{group}']",
+                        f"the {group} group is empty, so no instance would {job}.",
+                        f"put at least one host in the `{group}` group of the inventory (hosts.yml).")
+    if not g["router"]:
+        rep.add("groups", None, "groups['router']",
+                "the router group is empty: clients would have no PD entry point, and nothing pairs prefill with "
+                "decode.",
+                "put one host in the `router` group (it runs vllm-router and the authenticating front).")
+    member: dict[str, list[str]] = {}
+    for group in ("prefill", "decode", "router"):
+        for host in g[group]:
+            member.setdefault(host, []).append(group)
+    allow_all = opts.get("allow_shared_hosts") is True
+    play_hosts = set(opts["play_hosts"]) if opts.get("play_hosts") is not None else None
+    for host, groups in member.items():
+        if len(groups) > 1 and not (allow_all or inv.shared_ok.get(host) is True):
+            extra = (" A host has one vllm_instance_pd_role, so it would run only prefill instances."
+                     if "prefill" in groups and "decode" in groups else "")
+            rep.add("groups", host, "inferops_allow_shared_hosts",
+                    f"the host is in the groups {' and '.join(groups)}; shared hosts compete for GPUs and ports."
+                    f"{extra}",
+                    "keep each host in one of prefill, decode and router, or set inferops_allow_shared_hosts: true "
+                    "if the sharing is intended.")
+        missing = [grp for grp in groups if (grp == "router" and host not in inv.router_pub)
+                   or (grp != "router" and host not in inv.instance_pub)]
+        if missing and play_hosts is not None and host not in play_hosts:
+            continue  # left out by --limit: not part of this run
+        if missing:
+            why = "it failed above" if play_hosts is not None else "it failed above, or --limit left it out"
+            rep.add("groups", host, " and ".join(f"groups['{grp}']" for grp in missing),
+                    f"the host published nothing in this run ({why}), so it could not be checked.",
+                    "fix the error shown above for it.")
+    for host, pub in inv.instance_pub.items():
+        role = _text(pub.get("pd_role"))
+        group = "prefill" if host in g["prefill"] else ("decode" if host in g["decode"] else None)
+        if group and role != group:
+            rep.add("groups", host, "vllm_instance_pd_role",
+                    f"is {_show(role)}, but the host is in the {group} group.",
+                    "remove vllm_instance_pd_role (it follows the inventory group), or move the host to its group.")
+
+
+def _check_instances(rep: _Report, inv: _Inventory) -> None:
+    by_host: dict[str, list[Instance]] = {}
+    for inst in inv.instances:
+        by_host.setdefault(inst.host, []).append(inst)
+    for host, insts in by_host.items():
+        names = [i.name for i in insts]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            rep.add("instances", host, "vllm_instance_instances",
+                    f"the name {_show(name)} is used by {names.count(name)} instances; it names the unit and files.",
+                    "give every instance on a host its own name.")
+        for inst in insts:
+            if not INSTANCE_NAME_RE.match(inst.name):
+                rep.add("instances", host, "vllm_instance_instances",
+                        f"the instance name {_show(inst.name)} is not [a-z0-9-] (at most 63, no leading dash).",
+                        "rename it, e.g. prefill-0.")
+            allowed = inst.published.get("settings")
+            if isinstance(allowed, Mapping) and allowed:
+                allowed = {*allowed, *UNPUBLISHED_SETTINGS}
+                unknown = sorted(set(inst.overrides) - allowed)
+                if unknown:
+                    rep.add("instances", host, f"vllm_instance_instances[{inst.name}].overrides",
+                            f"sets unknown settings {', '.join(unknown)}.",
+                            f"use only {', '.join(sorted(allowed))}.")
+
+
+def _check_ports(rep: _Report, inv: _Inventory) -> None:
+    by_host: dict[str, list[tuple[str, Any, str]]] = {}
+    for inst in inv.instances:
+        for key in ("port", "kv_transfer_port"):
+            by_host.setdefault(inst.host, []).append((f"{inst.name} {key}", getattr(inst, key), key))
+    for host, pub in inv.router_pub.items():
+        for key, var in ROUTER_VARS.items():
+            value = pub.get(key)
+            by_host.setdefault(host, []).append((var, ROUTER_DEFAULTS[key] if value is None else value, var))
+    for host, uses in by_host.items():
+        seen: dict[int, list[tuple[str, str]]] = {}
+        for label, value, key in uses:
+            port = _to_int(value)
+            if port is None or not 0 < port < 65536:
+                variable = key if key.startswith("vllm_router") else (
+                    f"vllm_instance_instances[{label.split()[0]}].{key}")
+                rep.add("ports", host, variable, f"is {_show(value)}, not a port (1-65535).", "set a port number.")
+                continue
+            seen.setdefault(port, []).append((label, key))
+        for port, users in sorted(seen.items()):
+            if len(users) < 2:
+                continue
+            keys = {key for _, key in users}
+            if keys <= {"vllm_router_port", "vllm_router_metrics_port", "vllm_router_front_port"}:
+                variable = ", ".join(sorted(keys))
+                fix = (f"give vllm_router_port (default {ROUTER_DEFAULTS['port']}), vllm_router_metrics_port "
+                       f"(default {ROUTER_DEFAULTS['metrics_port']}) and vllm_router_front_port "
+                       f"(default {ROUTER_DEFAULTS['front_port']}) distinct values.")
+            elif keys == {"port"}:
+                variable, fix = "vllm_instance_instances[*].port", "give every instance on the host its own port."
+            elif keys == {"kv_transfer_port"}:
+                variable = "vllm_instance_instances[*].kv_transfer_port"
+                fix = "give every instance on the host its own NIXL side-channel port (kv_transfer_port)."
+            else:
+                variable = "vllm_instance_instances"
+                fix = "every API port, NIXL side-channel port (kv_transfer_port) and router port on a host must differ."
+            rep.add("ports", host, variable,
+                    f"port {port} is used by {' and '.join(label for label, _ in users)}.", fix)
+
+
+def _parity(rep: _Report, insts: list[Instance], variable: str, what: str, value_of, fix: str) -> None:
+    values: dict[Any, dict[str, list[str]]] = {}
+    shown: dict[Any, str] = {}
+    for inst in insts:
+        key, display = value_of(inst)
+        values.setdefault(key, {}).setdefault(inst.group, []).append(inst.label)
+        shown.setdefault(key, display)
+    if len(values) < 2:
+        return
+    parts = []
+    for key, by_group in values.items():
+        where = "; ".join(f"{_names(labels, 4)} ({group})" for group, labels in by_group.items())
+        parts.append(f"{shown[key]} on {where}")
+    rep.add("parity", None, variable,
+            f"prefill and decode must agree on {what}, but it is {', and '.join(parts)}.", fix)
+
+
+def _published(inst: Instance, key: str) -> tuple[str, str]:
+    value = _text(inst.published.get(key))
+    return value, _show(value)
+
+
+def _check_parity(rep: _Report, inv: _Inventory) -> None:
+    insts = [i for i in inv.instances if i.group in ("prefill", "decode")]
+    if not insts:
+        return
+    same = "set it once for both groups (group_vars/all), or override it identically on every instance."
+    _parity(rep, insts, "vllm_instance_model", "the model (decode continues prefill's KV)",
+            lambda i: _published(i, "model"), same)
+    hub = [i for i in insts if not i.published.get("model_is_local")]
+    _parity(rep, hub, "vllm_instance_model_revision", "the model revision (the same weights)",
+            lambda i: _published(i, "model_revision"),
+            "pin one revision (a commit) for both groups.")
+
+    def dtype(i: Instance):
+        raw = _text(i.settings.get("dtype") or "auto")
+        resolved = i.dtype or raw
+        return resolved, _show(raw) + (f" (= {resolved})" if raw == "auto" and i.dtype else "")
+
+    _parity(rep, insts, "vllm_instance_dtype", "the weight dtype", dtype, same)
+
+    def kv_dtype(i: Instance):
+        raw = _text(i.settings.get("kv_cache_dtype") or "auto")
+        return i.kv_cache_dtype, _show(raw) + (f" (= {i.kv_cache_dtype})" if raw != i.kv_cache_dtype else "")
+
+    _parity(rep, insts, "vllm_instance_kv_cache_dtype",
+            "the KV cache dtype (decode reads prefill's KV blocks byte for byte)", kv_dtype, same)
+    _parity(rep, insts, "vllm_instance_quantization", "the weight quantization",
+            lambda i: (_text(i.settings.get("quantization")), _show(_text(i.settings.get("quantization")) or "none")),
+            same)
+    _parity(rep, insts, "vllm_install_version", "the vLLM version (the KV layout and NIXL handshake change between "
+            "releases)", lambda i: _published(i, "vllm_version"),
+            "pin one vllm_install_version for both groups (group_vars/all).")
+
+    def max_len(i: Instance):
+        value = i.max_model_len
+        raw = _to_int(i.settings.get("max_model_len") or 0)
+        return value, (str(value) if raw else f"0 (= the model's {value or 'own, unknown'})")
+
+    _parity(rep, insts, "vllm_instance_max_model_len",
+            "max_model_len (prefill would accept prompts decode cannot hold)", max_len, same)
+    _parity(rep, insts, "vllm_instance_kv_transfer_backend", "the KV connector",
+            lambda i: _published(i, "kv_transfer_backend"),
+            "use nixl (NixlConnector) on both groups.")
+    pre = [(b, i) for i in insts if i.group == "prefill" for b in [_to_int(i.settings.get("block_size") or 0)] if b]
+    dec = [(b, i) for i in insts if i.group == "decode" for b in [_to_int(i.settings.get("block_size") or 0)] if b]
+    if pre and dec:
+        big = max(pre, key=lambda t: t[0])
+        small = min(dec, key=lambda t: t[0])
+        if big[0] > small[0]:
+            rep.add("parity", None, "vllm_instance_block_size",
+                    f"prefill's KV block size ({big[0]} on {big[1].label}) exceeds decode's ({small[0]} on "
+                    f"{small[1].label}); decode cannot place prefill's larger blocks.",
+                    "use the same block size on both groups (or a smaller one on prefill).")
+
+
+def _check_model(rep: _Report, inv: _Inventory) -> None:
+    for host, pub in inv.instance_pub.items():
+        model = _text(pub.get("model"))
+        if not model:
+            rep.add("model", host, "vllm_instance_model", "is empty.",
+                    "set a Hugging Face id (org/name) or an absolute model directory on the controller.")
+            continue
+        if pub.get("model_is_local"):
+            facts = model_facts(pub)
+            if facts.error:
+                rep.add("model", host, "vllm_instance_model",
+                        f"is an absolute path, so it must be a model directory on the controller with a config.json, "
+                        f"but {facts.error}.",
+                        "point it at the model directory on the controller, or use a Hugging Face id (org/name).")
+
+
+def _check_context(rep: _Report, inv: _Inventory) -> None:
+    for inst in inv.instances:
+        asked = _to_int(inst.settings.get("max_model_len") or 0)
+        own = inst.facts.max_position_embeddings
+        if asked and own and asked > own and not inst.facts.rope_scaled:
+            rep.add("model", inst.label, inst.variable("max_model_len"),
+                    f"{asked} exceeds the model's max_position_embeddings {own} ({inst.facts.source}), and the "
+                    "checkpoint has no rope scaling: vLLM refuses to start.",
+                    f"lower it to at most {own} (or 0 for the model's own).")
+
+
+def _check_topology(rep: _Report, inv: _Inventory) -> None:
+    gpus_by_host: dict[str, dict[str, list[str]]] = {}
+    for inst in inv.instances:
+        tp, pp, facts = inst.tp, inst.pp, inst.facts
+        for key, value in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp)):
+            if value is None or value < 1:
+                rep.add("topology", inst.label, inst.variable(key),
+                        f"is {_show(inst.settings.get(key))}, not a positive integer.", "set 1 or more.")
+        if not tp or tp < 1 or not pp or pp < 1:
+            continue
+        heads, kv_heads = facts.num_attention_heads, facts.num_key_value_heads
+        if heads and heads % tp:
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+            rep.add("topology", inst.label, inst.variable("tensor_parallel_size"),
+                    f"{tp} does not divide the model's {heads} attention heads ({facts.source}); vLLM refuses to "
+                    "start.",
+                    f"use a tensor parallel size that divides {heads}: {', '.join(map(str, divisors))}.")
+        elif kv_heads and kv_heads % tp and tp % kv_heads:
+            rep.add("topology", inst.label, inst.variable("tensor_parallel_size"),
+                    f"{tp} and the model's {kv_heads} KV heads ({facts.source}) do not divide one another, so the KV "
+                    "heads cannot be split or replicated evenly.",
+                    f"use a tensor parallel size that divides {kv_heads} or is a multiple of it.")
+        if facts.num_hidden_layers and pp > facts.num_hidden_layers:
+            rep.add("topology", inst.label, inst.variable("pipeline_parallel_size"),
+                    f"{pp} stages for a model with {facts.num_hidden_layers} layers.",
+                    f"use at most {facts.num_hidden_layers} pipeline stages.")
+        if inst.gpus is not None:
+            gpus = inst.gpus if isinstance(inst.gpus, list) else [inst.gpus]
+            if len(gpus) != tp * pp:
+                rep.add("topology", inst.host, f"vllm_instance_instances[{inst.name}].gpus",
+                        f"lists {len(gpus)} GPU(s), but tensor_parallel_size x pipeline_parallel_size = {tp} x {pp} = "
+                        f"{tp * pp}; each worker needs its own GPU.",
+                        f"list exactly {tp * pp} GPUs, or change the parallel sizes.")
+            for gpu in gpus:
+                gpus_by_host.setdefault(inst.host, {}).setdefault(str(gpu).strip(), []).append(inst.name)
+    for host, gpus in gpus_by_host.items():
+        for gpu, users in gpus.items():
+            if len(users) > 1:
+                rep.add("topology", host, "vllm_instance_instances[*].gpus",
+                        f"GPU {gpu} is given {len(users)} times ({' and '.join(users)}); two workers on one GPU "
+                        "fight over its memory.",
+                        "give every instance on the host its own GPUs.")
+    _check_tp_pairs(rep, inv)
+
+
+def _check_tp_pairs(rep: _Report, inv: _Inventory) -> None:
+    """Prefill vs decode tensor parallel sizes (the rule is documented in pd_preflight.yml).
+
+    NIXL reads each decode worker's KV heads from prefill workers. Both sizes must be multiples of one
+    another. A decode TP smaller than prefill's is accepted only when the model has no more KV heads
+    than decode's TP (num_key_value_heads <= decode TP, e.g. MQA or GQA with few KV heads): then every
+    worker on both sides holds whole, replicated KV heads and each decode worker reads one prefill
+    worker. Otherwise each decode worker would need slices from several prefill workers.
+    """
+    pairs: dict[tuple[int, int], tuple[Instance, Instance]] = {}
+    prefill = {}
+    decode = {}
+    for inst in inv.instances:
+        if inst.tp and inst.tp >= 1:
+            (prefill if inst.group == "prefill" else decode).setdefault(inst.tp, inst)
+    for ptp, p in prefill.items():
+        for dtp, d in decode.items():
+            pairs[(ptp, dtp)] = (p, d)
+    for (ptp, dtp), (p, d) in sorted(pairs.items()):
+        if ptp == dtp:
+            continue
+        if max(ptp, dtp) % min(ptp, dtp):
+            rep.add("topology", None, "vllm_instance_tensor_parallel_size",
+                    f"prefill's tensor parallel size {ptp} ({p.label}) and decode's {dtp} ({d.label}) are not "
+                    "multiples of one another; NIXL cannot map prefill's KV heads onto decode's workers.",
+                    "use equal sizes, or a decode size that is a multiple of prefill's.")
+            continue
+        if dtp < ptp:
+            kv_heads = d.facts.num_key_value_heads or p.facts.num_key_value_heads
+            if kv_heads and kv_heads <= dtp:
+                continue
+            known = (f"the model has {kv_heads} KV heads ({d.facts.source})" if kv_heads
+                     else "the model's num_key_value_heads is unknown")
+            rep.add("topology", None, "vllm_instance_tensor_parallel_size",
+                    f"decode's tensor parallel size {dtp} ({d.label}) is smaller than prefill's {ptp} ({p.label}) and "
+                    f"{known}: each decode worker would need KV heads from several prefill workers. A smaller "
+                    f"decode TP only works when num_key_value_heads <= decode's TP (MQA/GQA with replicated KV heads).",
+                    "give decode at least prefill's tensor parallel size"
+                    + ("" if kv_heads else ", or declare num_key_value_heads in vllm_instance_model_facts") + ".")
+
+
+def _check_quantization(rep: _Report, inv: _Inventory) -> None:
+    for inst in inv.instances:
+        method = _text(inst.settings.get("quantization"))
+        if not method:
+            continue
+        if method not in QUANTIZATION_METHODS:
+            rep.add("quantization", inst.label, inst.variable("quantization"),
+                    f"{_show(method)} is not a weight quantization method vLLM 0.32 knows.",
+                    f"use one of {', '.join(QUANTIZATION_METHODS)}, or leave it empty for an unquantized checkpoint.")
+        elif inst.facts.quantization_config:
+            rep.add("quantization", inst.label, inst.variable("quantization"),
+                    f"is {_show(method)}, but the checkpoint is already quantized ({inst.facts.source}: "
+                    f"quantization_config.quant_method {_show(inst.facts.quant_method)}); quantizing it again is "
+                    "refused.",
+                    "leave vllm_instance_quantization empty: vLLM reads the method from the checkpoint.")
+
+
+def _check_capacity(rep: _Report, inv: _Inventory) -> None:
+    for inst in inv.instances:
+        s = inst.settings
+        block = _to_int(s.get("block_size") or 0)
+        if block is None or (block and block not in BLOCK_SIZES):
+            rep.add("capacity", inst.label, inst.variable("block_size"),
+                    f"is {_show(s.get('block_size'))}; vLLM accepts {', '.join(map(str, BLOCK_SIZES))} "
+                    "(0 = its default).",
+                    "use one of those.")
+            continue
+        for key in ("kv_cache_memory_bytes", "num_gpu_blocks_override", "max_model_len"):
+            value = _to_int(s.get(key) or 0)
+            if value is None or value < 0:
+                rep.add("capacity", inst.label, inst.variable(key), f"is {_show(s.get(key))}, not a whole number >= 0.",
+                        "set a whole number (0 for vLLM's default).")
+        util = _to_float(s.get("gpu_memory_utilization"))
+        memory = _to_int(s.get("kv_cache_memory_bytes") or 0) or 0
+        if not memory and (util is None or not 0 < util <= 1):
+            rep.add("capacity", inst.label, inst.variable("gpu_memory_utilization"),
+                    f"is {_show(s.get('gpu_memory_utilization'))}; it is the share of GPU memory vLLM may use.",
+                    "set a fraction above 0 and at most 1 (e.g. 0.9), or a fixed vllm_instance_kv_cache_memory_bytes.")
+            continue
+        if _to_int(s.get("max_model_len") or 0) is None:
+            continue
+        _, problems = _size(inst)
+        for variable, what, fix in problems:
+            rep.add("capacity", inst.label, variable, what, fix)
+
+
+def _check_unsupported(rep: _Report, inv: _Inventory) -> None:
+    for host, pub in inv.instance_pub.items():
+        for variable, message in sorted((pub.get("unsupported") or {}).items()):
+            rep.add("unsupported", host, variable, f"is set, but {_text(message).strip()}", f"remove {variable}.")
+        backend = _text(pub.get("kv_transfer_backend"))
+        if backend not in KV_TRANSFER_BACKENDS:
+            why = NCCL_REMOVED if "nccl" in backend.lower() else "vLLM 0.32 supports no such backend here."
+            rep.add("unsupported", host, "vllm_instance_kv_transfer_backend", f"is {_show(backend)}: {why}",
+                    "use 'nixl' (NixlConnector: UCX over NVLink/RDMA/TCP), which works within a host and across hosts.")
+    for inst in inv.instances:
+        raw = _text(inst.settings.get("kv_cache_dtype") or "auto")
+        if raw in KV_CACHE_DTYPES:
+            continue
+        match = LOW_BIT_KV_RE.fullmatch(raw.strip().lower())
+        if match and int(match.group(1)) < 16:
+            bits = int(match.group(1))
+            what = f"is {_show(raw)}, but vLLM 0.32 has no {'8-bit integer' if bits == 8 else f'{bits}-bit'} KV cache."
+        else:
+            what = f"is {_show(raw)}, not a KV cache dtype vLLM 0.32 supports ({', '.join(KV_CACHE_DTYPES)})."
+        rep.add("unsupported", inst.label, inst.variable("kv_cache_dtype"), what,
+                "use 'fp8' (half the memory of 16-bit KV) or 'auto'.")
+
+
+def _check_client(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> None:
+    timeout_raw = opts.get("client_timeout_seconds")
+    if timeout_raw is None or timeout_raw == "":
+        return
+    timeout = _to_float(timeout_raw)
+    rate = _to_float(opts.get("min_tokens_per_second", DEFAULT_MIN_TOKENS_PER_SECOND))
+    if timeout is None or timeout <= 0:
+        rep.add("client", None, "inferops_client_timeout_seconds", f"is {_show(timeout_raw)}, not a positive number.",
+                "set the clients' request timeout in seconds, or leave it unset to skip this check.")
+        return
+    if rate is None or rate <= 0:
+        rep.add("client", None, "inferops_min_tokens_per_second",
+                f"is {_show(opts.get('min_tokens_per_second'))}, not a positive number.",
+                f"set the slowest generation speed to plan for (default {DEFAULT_MIN_TOKENS_PER_SECOND}).")
+        return
+    lengths = [(i.max_model_len, i) for i in inv.instances if i.max_model_len]
+    if not lengths:
+        return
+    longest, inst = max(lengths, key=lambda t: t[0])
+    need = math.ceil(longest / rate)
+    if timeout < need:
+        rep.add("client", None, "inferops_client_timeout_seconds",
+                f"is {timeout:g} s, but one request of max_model_len {longest} tokens ({inst.label}) at "
+                f"inferops_min_tokens_per_second {rate:g} tokens/s takes {need} s: clients would give up on long "
+                "requests that vLLM is still serving.",
+                f"raise the clients' timeout to at least {need} s, or lower vllm_instance_max_model_len to at most "
+                f"{int(timeout * rate)}.")
+
+
+def _loopback(address: str) -> bool:
+    name = address.strip().strip("[]").lower()
+    if name in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"):
+        return True
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified
+
+
+def _check_network(rep: _Report, inv: _Inventory) -> None:
+    pd_hosts = {i.host for i in inv.instances}
+    spread = len(pd_hosts) > 1
+    explicit: dict[str, list[str]] = {}
+    for host, pub in inv.instance_pub.items():
+        if host not in pd_hosts:
+            continue
+        address = _text(pub.get("host_address") or pub.get("address"))
+        if _text(pub.get("host_address_source")) != "vllm_instance_host_address":
+            continue  # learnt from facts at deploy time: the default route's address, never loopback
+        explicit.setdefault(address, []).append(host)
+        if spread and _loopback(address):
+            rep.add("network", host, "vllm_instance_host_address",
+                    f"is {_show(address)}, a loopback/unspecified address, but prefill and decode run on different "
+                    "hosts: peers would open the NIXL side channel to themselves and the router could not reach this "
+                    "host's instances.",
+                    "set it to the host's address on the KV network, or remove it to use the default route's address.")
+    for address, hosts in explicit.items():
+        if len(hosts) > 1 and not _loopback(address):
+            rep.add("network", hosts, "vllm_instance_host_address",
+                    f"{len(hosts)} hosts publish the same address {_show(address)}; peers and the router would reach "
+                    "only one of them.",
+                    "give each host its own address (or remove the variable to use each host's default route).")
+
+
+def _check_secrets(rep: _Report, inv: _Inventory) -> None:
+    router_keys = False
+    for host, pub in inv.router_pub.items():
+        count = _to_int(pub.get("api_keys_count")) or 0
+        allow = pub.get("allow_unauthenticated") is True
+        if pub.get("api_keys_broken"):
+            rep.add("secrets", host, "vllm_router_api_keys",
+                    "refers to an undefined variable (is the vault file loaded? --ask-vault-pass / --vault-id).",
+                    "define the vaulted client keys it refers to.")
+        elif count == 0 and not allow and not pub.get("api_keys_not_a_list"):
+            rep.add("secrets", host, "vllm_router_api_keys",
+                    "lists no client key, so the front would answer anyone who reaches it.",
+                    "list at least one client key (keep them in Ansible Vault), or set "
+                    "vllm_router_allow_unauthenticated: true to serve without keys on purpose.")
+        if pub.get("api_keys_not_a_list"):
+            rep.add("secrets", host, "vllm_router_api_keys", "is not a list of keys.",
+                    "write it as a YAML list, one client key per item.")
+        router_keys = router_keys or count > 0 or bool(pub.get("api_keys_broken"))
+        if bool(pub.get("tls_certificate")) != bool(pub.get("tls_key")):
+            rep.add("secrets", host, "vllm_router_tls_certificate, vllm_router_tls_key",
+                    "only one of them is set.", "set both (PEM files on the controller) or neither.")
+    for host, pub in inv.instance_pub.items():
+        if pub.get("api_key_broken"):
+            rep.add("secrets", host, "vllm_instance_api_key",
+                    "refers to an undefined variable (is the vault file loaded? --ask-vault-pass / --vault-id).",
+                    "define the vaulted key it refers to.")
+        elif router_keys and not pub.get("api_key_set"):
+            rep.add("secrets", host, "vllm_instance_api_key",
+                    "is empty while the router requires client keys: anyone who reaches an instance port directly "
+                    "bypasses the authenticating front.",
+                    "set vllm_instance_api_key (vaulted, in group_vars/all so the router presents the same key).")
+
+
+def _bool_problem(rep: _Report, host: str | None, variable: str, value: Any, nullable: bool = False) -> None:
+    if _is_bool(value) or (nullable and value is None):
+        return
+    rep.add("booleans", host, variable,
+            f"is {_show(value)} ({_kind(value)}), not a boolean: a quoted 'yes' or a string from a template "
+            "stays a string, and any non-empty string counts as true.",
+            "write true or false without quotes" + (" (or null for vLLM's default)." if nullable else "."))
+
+
+def _check_booleans(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> None:
+    for inst in inv.instances:
+        for key in BOOLEAN_SETTINGS:
+            if key in inst.settings:
+                _bool_problem(rep, inst.label, inst.variable(key), inst.settings[key], key in NULLABLE_BOOLEANS)
+    for host, pub in inv.instance_pub.items():
+        for variable, value in sorted((pub.get("booleans") or {}).items()):
+            _bool_problem(rep, host, variable, value)
+    for host, pub in inv.router_pub.items():
+        if "allow_unauthenticated" in pub:
+            _bool_problem(rep, host, "vllm_router_allow_unauthenticated", pub["allow_unauthenticated"])
+    for host, value in inv.shared_ok.items():
+        if value is not None:
+            _bool_problem(rep, host, "inferops_allow_shared_hosts", value)
+    if not inv.shared_ok and opts.get("allow_shared_hosts") is not None:
+        _bool_problem(rep, None, "inferops_allow_shared_hosts", opts["allow_shared_hosts"])
+
+
+# --- the filters --------------------------------------------------------------------------------------
+
+
+def pd_preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
+                 options: Mapping[str, Any] | None = None) -> list[str]:
+    """Every problem of the PD inventory, one line each (an empty list when there is none)."""
+    opts = dict(options or {})
+    rep = _Report()
+    inv = _load(published_by_host, groups, rep)
+    steps = (
+        ("groups", lambda: _check_groups(rep, inv, opts)),
+        ("instances", lambda: _check_instances(rep, inv)),
+        ("ports", lambda: _check_ports(rep, inv)),
+        ("parity", lambda: _check_parity(rep, inv)),
+        ("model", lambda: (_check_model(rep, inv), _check_context(rep, inv))),
+        ("topology", lambda: _check_topology(rep, inv)),
+        ("quantization", lambda: _check_quantization(rep, inv)),
+        ("capacity", lambda: _check_capacity(rep, inv)),
+        ("unsupported", lambda: _check_unsupported(rep, inv)),
+        ("client", lambda: _check_client(rep, inv, opts)),
+        ("network", lambda: _check_network(rep, inv)),
+        ("secrets", lambda: _check_secrets(rep, inv)),
+        ("booleans", lambda: _check_booleans(rep, inv, opts)),
+    )
+    for name, step in steps:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others' findings
+            rep.add(name, None, "(preflight)", f"the {name} check could not run: {type(exc).__name__}: {exc}.",
+                    "report this as a bug of inferops.vllm, with the inventory values involved.")
+    return rep.lines()
+
+
+def kv_sizing(published_by_host: Mapping[str, Any], groups: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The KV-cache sizing of every prefill and decode instance (see kv_sizing.yml)."""
+    if groups is None:
+        groups = {"prefill": [], "decode": []}
+        for host, entry in (published_by_host or {}).items():
+            instance = _split(entry)[0]
+            if isinstance(instance, Mapping):
+                groups["decode" if _text(instance.get("pd_role")) == "decode" else "prefill"].append(host)
+    inv = _load(published_by_host, groups, None)
+    return [_size(inst)[0] for inst in inv.instances]
+
+
+class FilterModule:
+    def filters(self):
+        return {"pd_preflight": pd_preflight, "kv_sizing": kv_sizing}
