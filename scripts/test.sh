@@ -35,14 +35,19 @@ main() {
     test -f "$out/installed/ansible_collections/inferops/vllm/roles/vllm_instance/files/inferops_vllm_launch.py"
     test ! -e "$out/installed/ansible_collections/inferops/vllm/molecule"
     rm -rf "$out"
-    ansible-doc -t module inferops.vllm.vllm_health >/dev/null
-    ansible-doc -t filter inferops.vllm.pd_instances >/dev/null
+    for module in vllm_health nvidia_gpu_facts; do
+      ansible-doc -t module "inferops.vllm.$module" >/dev/null
+    done
+    for filter in pd_instances pd_preflight kv_sizing gpu_assign; do
+      ansible-doc -t filter "inferops.vllm.$filter" >/dev/null
+    done
     for role in python_venv vllm_install vllm_instance vllm_router vllm_verify; do
       ansible-doc -t role "inferops.vllm.$role" >/dev/null
     done
     for inv in sandbox example; do
       ansible-inventory -i "inventories/$inv" --list >/dev/null
-      ansible-playbook --syntax-check -i "inventories/$inv" playbooks/deploy_pd.yml playbooks/verify.yml >/dev/null
+      ansible-playbook --syntax-check -i "inventories/$inv" playbooks/deploy_pd.yml playbooks/verify.yml \
+        playbooks/preflight.yml playbooks/sizing.yml >/dev/null
     done
   fi
 
