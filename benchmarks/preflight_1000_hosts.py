@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Time the PD preflight on a 1,000-host inventory.
 
     python benchmarks/preflight_1000_hosts.py              # the checks alone (pd_preflight + kv_sizing)

@@ -23,10 +23,14 @@ main() {
   rm -rf "$HOME/.ansible/collections/ansible_collections/inferops/vllm"
 
   if [[ " $stages " == *" lint "* ]]; then
-    stage "lint: yamllint, ansible-lint (production profile), ruff"
+    stage "lint: yamllint, ansible-lint (production profile), ruff, shellcheck"
     yamllint --strict .
     ansible-lint --offline
     ruff check .
+    shellcheck -x scripts/*.sh scripts/sandbox/*.sh .ci/run
+
+    stage "ansible-test sanity"
+    "$REPO_ROOT/scripts/sanity.sh"
 
     stage "collection: build and install the artifact, docs render, playbooks and inventories parse"
     out="$(mktemp -d)"
@@ -57,7 +61,8 @@ main() {
   fi
 
   if [[ " $stages " == *" molecule "* ]]; then
-    for scenario in default; do
+    for scenario in molecule/*/molecule.yml; do
+      scenario="$(basename "$(dirname "$scenario")")"
       stage "molecule test -s $scenario"
       molecule test -s "$scenario"
     done

@@ -1,5 +1,6 @@
 # Copyright (c) inferops.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Filter that gives each vLLM instance of a host its GPUs.
 
 Documented in gpu_assign.yml beside this file.

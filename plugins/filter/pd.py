@@ -1,5 +1,6 @@
 # Copyright (c) inferops.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Filters that turn the inventory's prefill/decode hosts into the list of their instances.
 
 Documented in pd_instances.yml beside this file.

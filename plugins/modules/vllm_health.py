@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # Copyright (c) inferops.vllm developers
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-# SPDX-License-Identifier: Apache-2.0
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ description:
   - Collects every problem of every instance and fails once, with all problems and the partial results.
   - "Run it where the URLs are reachable, usually on the controller (C(delegate_to: localhost) and C(run_once: true))."
 author:
-  - inferops.vllm developers
+  - inferops.vllm developers (@inferops)
 requirements:
   - prometheus_client
 attributes:
@@ -467,7 +467,7 @@ def argument_spec():
     expected = dict(
         kv_cache_dtype=dict(type="str"),
         block_size=dict(type="int"),
-        kv_cache_size_tokens=dict(type="int"),
+        kv_cache_size_tokens=dict(type="int", no_log=False),
         num_gpu_blocks=dict(type="int"),
     )
     instance = dict(
@@ -498,7 +498,7 @@ def argument_spec():
                 "there for a world fair? Answer: The capital of France is"
             ),
         ),
-        proof_max_tokens=dict(type="int", default=8),
+        proof_max_tokens=dict(type="int", default=8, no_log=False),
         proof_settle_timeout=dict(type="int", default=10),
     )
 

@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034  # the settings below are used by the scripts that source this file
 # Shared settings for the sandbox scripts. Every heavy artefact lives in the cache, outside the
 # repository, under a directory whose name carries the versions that produced it, so a second
 # run finds it and a version bump builds a new one beside the old.
@@ -27,7 +28,8 @@ IMAGE_ARCHIVE="${CACHE_DIR}/images/inferops-vllm-base-${BASE_IMAGE_TAG}.tar"
 
 # What the sandbox inventory and the molecule scenarios read from the environment.
 export_sandbox_env() {
-  mkdir -p -m 0700 "$CACHE_DIR/sandbox-secrets"
+  mkdir -p "$CACHE_DIR/sandbox-secrets"
+  chmod 0700 "$CACHE_DIR/sandbox-secrets"
   export INFEROPS_WHEELHOUSE_DIR="$WHEELHOUSE_DIR" INFEROPS_ROUTER_WHEELHOUSE_DIR="$ROUTER_WHEELHOUSE_DIR" \
     INFEROPS_MODEL_DIR="$MODEL_DIR" INFEROPS_BASE_IMAGE="$BASE_IMAGE" \
     INFEROPS_SECRETS_DIR="$CACHE_DIR/sandbox-secrets" \

@@ -20,7 +20,7 @@ apt_install() {
 
 step_host() {
   apt_install podman crun debootstrap golang-github-containernetworking-plugin-dnsname \
-    uidmap fuse-overlayfs ca-certificates
+    uidmap fuse-overlayfs ca-certificates shellcheck
   # 1. root lacks CAP_SYS_RESOURCE here, so podman's default rlimits cannot be applied;
   #    vLLM's engine needs ~160 MiB of /dev/shm, and Podman's default is 64 MiB.
   local conf=/etc/containers/containers.conf line
@@ -38,6 +38,7 @@ step_host() {
   #    each of them as a v1 hierarchy (lost at boot, so redone on every run).
   local c
   if [ -f /sys/fs/cgroup/unified/cgroup.controllers ]; then
+    # shellcheck disable=SC2013  # the file is one line of space-separated names
     for c in $(cat /sys/fs/cgroup/unified/cgroup.controllers); do
       mountpoint -q "/sys/fs/cgroup/$c" && continue
       log "mounting cgroup controller $c as v1"

@@ -53,7 +53,7 @@ def only_problem(config: dict, environ: dict | None = None) -> str:
 
 
 def args_of(config: dict, environ: dict | None = None) -> list[str]:
-    args, _ = launch.build(config, environ or {})
+    args = launch.build(config, environ or {})[0]
     return args
 
 
@@ -64,7 +64,7 @@ def flags_of(config: dict, environ: dict | None = None) -> list[str]:
 
 
 def env_of(config: dict, environ: dict | None = None) -> dict[str, str]:
-    _, env = launch.build(config, environ or {})
+    env = launch.build(config, environ or {})[1]
     return env
 
 
@@ -272,7 +272,7 @@ def test_each_key_maps_to_its_flag(section, key, value, expected):
 def test_flag_cases_cover_every_flag_in_the_schema():
     """Adding a flag-mapped key to the schema without a mapping test fails here."""
     mapped = {(s, k) for s, keys in launch.SCHEMA.items() for k, spec in keys.items() if spec.flag}
-    tested = {(s, k) for s, k, _, _ in FLAG_CASES}
+    tested = {case[:2] for case in FLAG_CASES}
     assert mapped == tested
 
 
@@ -292,7 +292,7 @@ def test_each_env_key_maps_to_its_variable(section, key, value, var, expected):
 
 def test_env_cases_cover_every_env_key_in_the_schema():
     mapped = {(s, k) for s, keys in launch.SCHEMA.items() for k, spec in keys.items() if spec.env}
-    tested = {(s, k) for s, k, *_ in ENV_CASES} | {
+    tested = {case[:2] for case in ENV_CASES} | {
         ("pd_disaggregation", "side_channel_host"),
         ("pd_disaggregation", "kv_transfer_port"),
     }
@@ -487,7 +487,7 @@ def test_token_eviction_message_names_the_alternatives(key):
 
 
 def test_rejected_cases_cover_the_rejected_table():
-    assert {(s, k) for s, k, _, _ in REJECTED_CASES} == set(launch.REJECTED_KEYS)
+    assert {case[:2] for case in REJECTED_CASES} == set(launch.REJECTED_KEYS)
 
 
 def test_rejected_api_key_value_is_not_echoed():
@@ -846,7 +846,7 @@ def test_api_key_env_must_be_a_variable_name(name):
 
 
 def test_no_api_key_env_means_no_vllm_api_key_even_if_inherited():
-    _, env = launch.build(minimal(), {"VLLM_API_KEY": "inherited"})
+    env = launch.build(minimal(), {"VLLM_API_KEY": "inherited"})[1]
     assert "VLLM_API_KEY" not in env
 
 
@@ -1207,8 +1207,13 @@ def test_exec_mode_invalid_config_does_not_exec(write_toml, capsys, no_exec):
     assert err.startswith(f"{PREFIX}: {path}: model.quantization_bits: the bit width comes from the quantized")
 
 
-@pytest.mark.parametrize(("error", "code"), [(FileNotFoundError(2, "No such file or directory"), 127),
-                                              (PermissionError(13, "Permission denied"), 126)])  # fmt: skip
+EXEC_ERRORS = [
+    (FileNotFoundError(2, "No such file or directory"), 127),
+    (PermissionError(13, "Permission denied"), 126),
+]
+
+
+@pytest.mark.parametrize(("error", "code"), EXEC_ERRORS)
 def test_exec_failure_exit_codes(write_toml, capsys, monkeypatch, error, code):
     def fail(*args):
         raise error

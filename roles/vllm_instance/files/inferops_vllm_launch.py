@@ -1,4 +1,6 @@
-#!/usr/bin/env python3
+# Copyright (c) inferops.vllm developers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Launch one vLLM instance from its TOML description (inferops.vllm).
 
 Ansible renders ``/etc/vllm/<instance>.toml``; the instance's systemd unit runs

@@ -30,11 +30,13 @@ A100_MIG = facts("a100-80gb-pcie-mig.query.csv")  # 1 GPU, MIG enabled
 A100 = facts("a100-sxm4-80gb-x4.query.csv")  # 4 GPUs, MIG disabled
 
 
-def assign(instances, gpus=H100, tp=1, pp=1, **kwargs):
+def assign(instances, gpus=None, tp=1, pp=1, **kwargs):
+    gpus = H100 if gpus is None else gpus
     return gpu_assign(instances, gpus, tp, pp, **kwargs)
 
 
-def error(instances, gpus=H100, tp=1, pp=1, **kwargs):
+def error(instances, gpus=None, tp=1, pp=1, **kwargs):
+    gpus = H100 if gpus is None else gpus
     with pytest.raises(AnsibleFilterError) as info:
         gpu_assign(instances, gpus, tp, pp, **kwargs)
     return str(info.value)

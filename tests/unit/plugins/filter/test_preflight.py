@@ -601,7 +601,7 @@ def test_kv_sizing_unknowns_are_said():
 
 
 def test_kv_sizing_without_groups_uses_the_published_role():
-    published, _ = inventory()
+    published = inventory()[0]
     assert [(s["host"], s["role"]) for s in kv_sizing(published)] == [("p1", "prefill"), ("d1", "decode")]
 
 
@@ -686,8 +686,8 @@ def test_client_timeout_against_max_model_len():
         "at inferops_min_tokens_per_second 20 tokens/s takes 6554 s", "at least 6554 s", "at most 2400")
     assert problems(prefill=prefill, decode=decode, options={"client_timeout_seconds": 7200}) == []
     assert problems(prefill=prefill, decode=decode, options={"client_timeout_seconds": None}) == []
-    one(problems(prefill=prefill, decode=decode, options={"client_timeout_seconds": 7200,
-                                                           "min_tokens_per_second": 10}), "client", "13108 s")
+    options = {"client_timeout_seconds": 7200, "min_tokens_per_second": 10}
+    one(problems(prefill=prefill, decode=decode, options=options), "client", "13108 s")
 
 
 def test_client_timeout_must_be_a_number():

@@ -108,9 +108,11 @@ def module_harness(monkeypatch, tmp_path):
 
 
 def install(monkeypatch, smi):
-    monkeypatch.setattr(
-        basic.AnsibleModule, "run_command", lambda module, args, **kw: smi.run_command(module, args, **kw)
-    )
+    def run_command(module, args, **kwargs):
+        # A plain function (not smi's bound method), so that Python passes the module as `self`.
+        return smi.run_command(module, args, **kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
     monkeypatch.setattr(
         basic.AnsibleModule,
         "get_bin_path",

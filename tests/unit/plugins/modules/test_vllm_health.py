@@ -82,6 +82,7 @@ def module_harness(monkeypatch):
 def run_module(args, expect="exit"):
     """Run main() with ``args``; returns the result dict of exit_json or fail_json."""
     exc_type = AnsibleExitJson if expect == "exit" else AnsibleFailJson
+    result = None
     with patch_module_args(args):
         try:
             vllm_health.main()
