@@ -1269,3 +1269,10 @@ def test_script_invalid_config_end_to_end(write_toml):
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.startswith(f"{PREFIX}: {path}: server.port: must be an integer, got boolean true")
+
+
+def test_quantization_methods_match_the_preflight():
+    # The launcher runs on hosts with the standard library only, so it keeps its own copy.
+    from ansible_collections.inferops.vllm.plugins.filter import preflight
+
+    assert tuple(launch.QUANTIZATION_METHODS) == tuple(preflight.QUANTIZATION_METHODS)

@@ -16,6 +16,12 @@ from pathlib import Path
 import pytest
 from ansible.module_utils import basic
 from ansible_collections.inferops.vllm.plugins.modules import nvidia_gpu_facts
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
+    AnsibleExitJson,
+    AnsibleFailJson,
+)
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
 
 try:
     from ansible.module_utils.testing import patch_module_args
@@ -49,27 +55,6 @@ def fixture(name):
         lines.pop(0)
     return "".join(lines)
 
-
-# --------------------------------------------------------------------------- module harness
-
-
-class AnsibleExitJson(Exception):
-    pass
-
-
-class AnsibleFailJson(Exception):
-    pass
-
-
-def _exit_json(self, **kwargs):
-    kwargs.setdefault("changed", False)
-    raise AnsibleExitJson(kwargs)
-
-
-def _fail_json(self, msg, **kwargs):
-    kwargs["failed"] = True
-    kwargs["msg"] = msg
-    raise AnsibleFailJson(kwargs)
 
 
 class FakeNvidiaSmi:

@@ -20,6 +20,12 @@ from pathlib import Path
 import pytest
 from ansible.module_utils import basic
 from ansible_collections.inferops.vllm.plugins.modules import vllm_health
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
+    AnsibleExitJson,
+    AnsibleFailJson,
+)
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
 
 try:
     from ansible.module_utils.testing import patch_module_args
@@ -46,27 +52,6 @@ INSTANCE_KEY = "sk-instance-SECRET-9a7c3e5d1b"
 WRONG_KEY = "sk-wrong-SECRET-6d2f8a0e4c"
 SECRETS = (CLIENT_KEY, INSTANCE_KEY, WRONG_KEY)
 
-
-# --------------------------------------------------------------------------- module harness
-
-
-class AnsibleExitJson(Exception):
-    pass
-
-
-class AnsibleFailJson(Exception):
-    pass
-
-
-def _exit_json(self, **kwargs):
-    kwargs.setdefault("changed", False)
-    raise AnsibleExitJson(kwargs)
-
-
-def _fail_json(self, msg, **kwargs):
-    kwargs["failed"] = True
-    kwargs["msg"] = msg
-    raise AnsibleFailJson(kwargs)
 
 
 @pytest.fixture(autouse=True)
