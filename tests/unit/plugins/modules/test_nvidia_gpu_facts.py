@@ -56,7 +56,6 @@ def fixture(name):
     return "".join(lines)
 
 
-
 class FakeNvidiaSmi:
     """Answers run_command like nvidia-smi would; ``answers`` maps the arguments after the binary to
     (rc, stdout, stderr). A command without an answer fails the test."""

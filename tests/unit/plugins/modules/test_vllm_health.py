@@ -53,7 +53,6 @@ WRONG_KEY = "sk-wrong-SECRET-6d2f8a0e4c"
 SECRETS = (CLIENT_KEY, INSTANCE_KEY, WRONG_KEY)
 
 
-
 @pytest.fixture(autouse=True)
 def module_harness(monkeypatch):
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
