@@ -9,12 +9,12 @@ same GPUs (no source had all three outputs of one machine), the test says so.
 from __future__ import annotations
 
 import ast
-import json
 import os
 from pathlib import Path
 
 import pytest
 from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args  # ansible-core 2.19+, as meta/runtime.yml requires
 from ansible_collections.inferops.vllm.plugins.modules import nvidia_gpu_facts
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
     AnsibleExitJson,
@@ -22,23 +22,6 @@ from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
-
-try:
-    from ansible.module_utils.testing import patch_module_args
-except ImportError:  # pragma: no cover - ansible-core < 2.19
-    import contextlib
-
-    from ansible.module_utils.common.text.converters import to_bytes
-
-    @contextlib.contextmanager
-    def patch_module_args(args=None):
-        old = basic._ANSIBLE_ARGS
-        basic._ANSIBLE_ARGS = to_bytes(json.dumps({"ANSIBLE_MODULE_ARGS": args or {}}))
-        try:
-            yield
-        finally:
-            basic._ANSIBLE_ARGS = old
-
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nvidia-smi"
 SMI = "/usr/bin/nvidia-smi"

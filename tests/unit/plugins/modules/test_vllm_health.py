@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args  # ansible-core 2.19+, as meta/runtime.yml requires
 from ansible_collections.inferops.vllm.plugins.modules import vllm_health
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
     AnsibleExitJson,
@@ -26,23 +27,6 @@ from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
-
-try:
-    from ansible.module_utils.testing import patch_module_args
-except ImportError:  # pragma: no cover - ansible-core < 2.19
-    import contextlib
-
-    from ansible.module_utils.common.text.converters import to_bytes
-
-    @contextlib.contextmanager
-    def patch_module_args(args=None):
-        old = basic._ANSIBLE_ARGS
-        basic._ANSIBLE_ARGS = to_bytes(json.dumps({"ANSIBLE_MODULE_ARGS": args or {}}))
-        try:
-            yield
-        finally:
-            basic._ANSIBLE_ARGS = old
-
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 MODEL = "smollm2-135m-instruct"
