@@ -9,7 +9,8 @@ Everything here works on text and plain data (no commands are run), so that it c
 * :func:`parse_cuda_version` reads the CUDA version from the header of plain ``nvidia-smi``;
 * :func:`parse_topology` reads the GPU-to-GPU matrix of ``nvidia-smi topo -m``;
 * :func:`nvswitch_from_topology` and :func:`nvlink_all_to_all` summarise that matrix;
-* :func:`classify_failure` tells a driver that is not loaded (or a host without usable GPU) from a real error.
+* :func:`classify_failure` tells a driver that is not loaded (or a host without usable GPU) from a real error;
+* :func:`classify_pci_devices` finds NVIDIA GPUs and NVSwitches among the PCI devices (sysfs), driver or not.
 """
 
 from __future__ import annotations
@@ -209,3 +210,35 @@ def classify_failure(rc, stdout, stderr):
         if marker in message:
             return driver_loaded, f"{meaning}; nvidia-smi (rc={rc}) said: {message}"
     return None
+
+
+NVIDIA_PCI_VENDOR = 0x10DE
+# PCI class codes (base class, subclass): display controllers are GPUs (0x0300 VGA, 0x0302 3D controller, as
+# data-centre GPUs report); NVSwitch chips report 0x0680 "Bridge: other bridge device".
+_PCI_GPU_CLASSES = (0x0300, 0x0302)
+_PCI_NVSWITCH_CLASS = 0x0680
+
+
+def classify_pci_devices(devices):
+    """Split PCI devices into NVIDIA GPUs and NVSwitches.
+
+    ``devices`` is an iterable of ``(bus_id, vendor, class)`` with vendor and class as sysfs prints them
+    (``0x10de``, ``0x030200``). Returns ``{"gpus": [...], "nvswitches": [...]}``, bus ids sorted. Works without
+    any NVIDIA driver, which is what tells an installer that a host needs fabric manager before the first boot
+    of the driver.
+    """
+    found = {"gpus": [], "nvswitches": []}
+    for bus_id, vendor, pci_class in devices:
+        try:
+            if int(vendor, 16) != NVIDIA_PCI_VENDOR:
+                continue
+            base_sub = int(pci_class, 16) >> 8
+        except (TypeError, ValueError):
+            continue
+        if base_sub in _PCI_GPU_CLASSES:
+            found["gpus"].append(bus_id)
+        elif base_sub == _PCI_NVSWITCH_CLASS:
+            found["nvswitches"].append(bus_id)
+    for ids in found.values():
+        ids.sort()
+    return found

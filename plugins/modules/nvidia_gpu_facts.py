@@ -21,6 +21,10 @@ description:
     driver creates on NVSwitch boards (HGX/DGX A100, H100, H200), and the topology: a GPU whose NVLink counts to its
     peers add up to more than 18 (the most NVLink links one GPU has) reaches them through a switch, as on 8-GPU
     boards (7 x C(NV12) or 7 x C(NV18)). C(lspci) and C(nvidia-smi nvlink) are not used."
+  - "Also reads the PCI devices from sysfs (C(/sys/bus/pci/devices/*/vendor) and C(class)), which needs no driver:
+    NVIDIA (vendor C(0x10de)) display controllers are listed in RV(pci_gpus) and NVIDIA devices of class
+    C(0x0680) (bridge, as NVSwitch chips report themselves) in RV(pci_nvswitches), which is also evidence of an
+    NVSwitch. This is how a host without driver is known to need fabric manager."
   - A host without C(nvidia-smi), with a driver that is installed but not loaded (or whose kernel module does not match
     the installed driver), or without usable GPU is not an error; the module then returns no GPUs and says why in
     RV(reason).
@@ -56,6 +60,8 @@ notes:
   - The indices are those of C(nvidia-smi) (PCI bus order). CUDA numbers GPUs the same way only with
     E(CUDA_DEVICE_ORDER=PCI_BUS_ID) or on hosts with identical GPUs; the UUIDs are the same for both.
   - Only whole GPUs are listed. MIG instances of a GPU with MIG enabled are not.
+  - In a container, sysfs shows the PCI devices of the whole machine, so RV(pci_gpus) can list GPUs that the
+    container cannot use.
   - A host that sees only one or two GPUs of an NVSwitch board (for example a VM) and has no
     C(/dev/nvidia-nvswitch*) device nodes is not recognised as an NVSwitch host.
 seealso:
@@ -184,11 +190,23 @@ nvswitch:
   type: bool
   sample: true
 nvswitch_evidence:
-  description: What showed the NVSwitch, the C(/dev/nvidia-nvswitch*) device nodes found and/or V(topology).
+  description: What showed the NVSwitch, the C(/dev/nvidia-nvswitch*) device nodes found, V(topology) and/or V(pci).
   returned: always
   type: list
   elements: str
-  sample: ["/dev/nvidia-nvswitch0", "/dev/nvidia-nvswitch1", "topology"]
+  sample: ["/dev/nvidia-nvswitch0", "/dev/nvidia-nvswitch1", "topology", "pci"]
+pci_gpus:
+  description: PCI bus ids of the NVIDIA GPUs found in sysfs, whether or not a driver is loaded.
+  returned: always
+  type: list
+  elements: str
+  sample: ["0000:18:00.0", "0000:2a:00.0"]
+pci_nvswitches:
+  description: PCI bus ids of the NVIDIA bridge devices (NVSwitch chips) found in sysfs.
+  returned: always
+  type: list
+  elements: str
+  sample: ["0000:05:00.0", "0000:06:00.0"]
 ansible_facts:
   description: Facts to add to the host's facts.
   returned: always
@@ -219,6 +237,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import ( 
     QUERY_FIELDS,
     NvidiaSmiError,
     classify_failure,
+    classify_pci_devices,
     nvlink_all_to_all,
     nvswitch_from_topology,
     parse_cuda_version,
@@ -238,11 +257,13 @@ class NvidiaGpuFacts:
     # Where nvidia-smi lives besides PATH: distribution packages, .run installer, NVIDIA container runtime.
     SEARCH_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin"]
     NVSWITCH_DEVICES = "/dev/nvidia-nvswitch[0-9]*"
+    PCI_DEVICES = "/sys/bus/pci/devices"
 
     def __init__(self, module):
         self.module = module
         self.params = module.params
         self.nvidia_smi = None
+        self.pci = {"gpus": [], "nvswitches": []}
 
     def find_nvidia_smi(self):
         path = self.params["nvidia_smi_path"]
@@ -252,12 +273,24 @@ class NvidiaGpuFacts:
             return path
         return self.module.get_bin_path("nvidia-smi", required=False, opt_dirs=self.SEARCH_DIRS)
 
+    def read_pci(self):
+        devices = []
+        for path in sorted(glob.glob(os.path.join(self.PCI_DEVICES, "*"))):
+            try:
+                with open(os.path.join(path, "vendor")) as vendor, open(os.path.join(path, "class")) as pci_class:
+                    devices.append((os.path.basename(path), vendor.read().strip(), pci_class.read().strip()))
+            except OSError:
+                continue
+        return classify_pci_devices(devices)
+
     def run(self, *args):
         return self.module.run_command([self.nvidia_smi, *args])
 
     def result(self, gpus, driver_loaded, reason=None, cuda_version=None, topology=None, evidence=None):
         driver_version = next((gpu["driver_version"] for gpu in gpus if gpu["driver_version"]), None)
-        evidence = evidence or []
+        evidence = list(evidence or [])
+        if self.pci["nvswitches"]:
+            evidence.append("pci")
         return dict(
             changed=False,
             gpus=gpus,
@@ -271,6 +304,8 @@ class NvidiaGpuFacts:
             nvlink_all_to_all=nvlink_all_to_all(topology),
             nvswitch=bool(evidence),
             nvswitch_evidence=evidence,
+            pci_gpus=self.pci["gpus"],
+            pci_nvswitches=self.pci["nvswitches"],
             ansible_facts=dict(
                 nvidia_gpus=gpus,
                 nvidia_driver_version=driver_version,
@@ -279,6 +314,7 @@ class NvidiaGpuFacts:
         )
 
     def main(self):
+        self.pci = self.read_pci()
         self.nvidia_smi = self.find_nvidia_smi()
         if not self.nvidia_smi:
             reason = (

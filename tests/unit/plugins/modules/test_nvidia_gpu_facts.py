@@ -72,6 +72,8 @@ def module_harness(monkeypatch, tmp_path):
     # No host /dev is ever looked at: NVSwitch device nodes are looked for in an empty directory by default.
     devices = str(tmp_path / "dev" / "nvidia-nvswitch[0-9]*")
     monkeypatch.setattr(nvidia_gpu_facts.NvidiaGpuFacts, "NVSWITCH_DEVICES", devices)
+    # Nor the host's sysfs: PCI devices are read from an empty directory unless a test writes some.
+    monkeypatch.setattr(nvidia_gpu_facts.NvidiaGpuFacts, "PCI_DEVICES", str(tmp_path / "pci"))
 
 
 def install(monkeypatch, smi):
@@ -112,6 +114,7 @@ def assert_no_gpu(result, driver_loaded, reason_part, nvidia_smi=SMI):
     assert result["driver_version"] is None and result["cuda_version"] is None
     assert result["topology"] is None and result["nvlink_all_to_all"] is None
     assert result["nvswitch"] is False and result["nvswitch_evidence"] == []
+    assert result["pci_gpus"] == [] and result["pci_nvswitches"] == []
     assert result["ansible_facts"] == {"nvidia_gpus": [], "nvidia_driver_version": None, "nvidia_cuda_version": None}
 
 
@@ -167,6 +170,59 @@ def test_nvswitch_device_nodes(monkeypatch, tmp_path):
     assert result["nvswitch"] is True
     assert result["nvswitch_evidence"] == [str(dev / "nvidia-nvswitch0"), str(dev / "nvidia-nvswitch1")]
     assert result["topology"] is None and result["nvlink_all_to_all"] is None
+
+
+def write_pci(tmp_path, devices):
+    """sysfs-like PCI devices: {bus_id: (vendor, class)}, as the files /sys/bus/pci/devices/<id>/{vendor,class}."""
+    for bus_id, (vendor, pci_class) in devices.items():
+        d = tmp_path / "pci" / bus_id
+        d.mkdir(parents=True)
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(pci_class + "\n")
+
+
+# An HGX H100 board as sysfs shows it (classes as lspci -n prints them for these devices): GPUs are 3D
+# controllers, NVSwitch chips bridges, plus an NVIDIA audio function and unrelated devices that do not count.
+HGX_PCI = {
+    "0000:18:00.0": ("0x10de", "0x030200"),
+    "0000:2a:00.0": ("0x10de", "0x030200"),
+    "0000:05:00.0": ("0x10de", "0x068000"),
+    "0000:06:00.0": ("0x10de", "0x068000"),
+    "0000:01:00.1": ("0x10de", "0x040300"),
+    "0000:00:00.0": ("0x8086", "0x060000"),
+    "0000:03:00.0": ("0x15b3", "0x020700"),
+    "0000:04:00.0": ("0x1a03", "0x030000"),
+}
+
+
+def test_pci_without_driver_shows_gpus_and_nvswitch(monkeypatch, tmp_path):
+    """Before any driver is installed (no nvidia-smi), sysfs alone shows the GPUs and the NVSwitch chips."""
+    write_pci(tmp_path, HGX_PCI)
+    (tmp_path / "pci" / "0000:07:00.0").mkdir()  # a device whose files cannot be read is left out
+    install(monkeypatch, FakeNvidiaSmi(path=None))
+    result = run_module()
+    assert result["gpus"] == [] and result["driver_loaded"] is False
+    assert result["pci_gpus"] == ["0000:18:00.0", "0000:2a:00.0"]
+    assert result["pci_nvswitches"] == ["0000:05:00.0", "0000:06:00.0"]
+    assert result["nvswitch"] is True and result["nvswitch_evidence"] == ["pci"]
+
+
+def test_pci_evidence_adds_to_topology(monkeypatch, tmp_path):
+    write_pci(tmp_path, HGX_PCI)
+    install(
+        monkeypatch,
+        FakeNvidiaSmi("h100-sxm-80gb-x8.query.csv", "h100-sxm-80gb-x8.nvidia-smi.txt", "h100-sxm-x8.topo.txt"),
+    )
+    result = run_module()
+    assert result["nvswitch_evidence"] == ["topology", "pci"]
+
+
+def test_pci_gpus_without_nvswitch(monkeypatch, tmp_path):
+    write_pci(tmp_path, {"0000:01:00.0": ("0x10de", "0x030000"), "0000:01:00.1": ("0x10de", "0x040300")})
+    install(monkeypatch, FakeNvidiaSmi(path=None))
+    result = run_module()
+    assert result["pci_gpus"] == ["0000:01:00.0"] and result["pci_nvswitches"] == []
+    assert result["nvswitch"] is False
 
 
 def test_a100_mig_disabled_without_topology(monkeypatch):
@@ -341,6 +397,8 @@ def test_documentation_matches_argument_spec():
         "nvlink_all_to_all",
         "nvswitch",
         "nvswitch_evidence",
+        "pci_gpus",
+        "pci_nvswitches",
         "ansible_facts",
     }
     assert set(returned["gpus"]["contains"]) == {
