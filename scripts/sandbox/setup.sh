@@ -48,12 +48,35 @@ step_host() {
   fi
 }
 
-step_image() {
-  if podman image exists "$BASE_IMAGE"; then log "base image $BASE_IMAGE present"; return 0; fi
-  if [ -f "$IMAGE_ARCHIVE" ]; then
-    log "loading base image from $IMAGE_ARCHIVE"
-    podman load -q -i "$IMAGE_ARCHIVE" >/dev/null && return 0
+# import_rootfs ROOTFS IMAGE ARCHIVE: a debootstrapped tree as a systemd image, saved to the cache.
+import_rootfs() {
+  local rootfs="$1" image="$2" archive="$3"
+  # Same extra CAs as the host: egress may go through a TLS-intercepting proxy.
+  if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
+    chroot "$rootfs" update-ca-certificates >/dev/null 2>&1
   fi
+  : >"$rootfs/etc/machine-id"
+  rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
+  tar -C "$rootfs" -c . | podman import -q \
+    --change 'CMD ["/sbin/init"]' --change 'STOPSIGNAL=SIGRTMIN+3' - "$image" >/dev/null
+  mkdir -p "$(dirname "$archive")"
+  podman save -q -o "$archive.tmp" "$image" && mv "$archive.tmp" "$archive"
+  log "image $image built and cached"
+}
+
+# load_image IMAGE ARCHIVE: true when the image is present or loaded from the cache.
+load_image() {
+  if podman image exists "$1"; then log "image $1 present"; return 0; fi
+  if [ -f "$2" ]; then
+    log "loading image $1 from $2"
+    podman load -q -i "$2" >/dev/null && return 0
+  fi
+  return 1
+}
+
+step_image() {
+  load_image "$BASE_IMAGE" "$IMAGE_ARCHIVE" && return 0
   local mirror rootfs
   mirror="$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
   mirror="${mirror:-http://deb.debian.org/debian}"
@@ -63,22 +86,36 @@ step_image() {
   debootstrap --variant=minbase \
     --include=systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,procps,ca-certificates \
     "$DEBIAN_SUITE" "$rootfs" "$mirror" >/dev/null
-  # Same apt sources and extra CAs as the host: egress may go through a TLS-intercepting proxy.
+  # Same apt sources as the host (the machine's Debian mirror).
   if [ -f /etc/apt/sources.list.d/debian.sources ]; then
     cp /etc/apt/sources.list.d/debian.sources "$rootfs/etc/apt/sources.list.d/"
     rm -f "$rootfs/etc/apt/sources.list"
   fi
-  if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
-    cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
-    chroot "$rootfs" update-ca-certificates >/dev/null 2>&1
-  fi
-  : >"$rootfs/etc/machine-id"
-  rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
-  tar -C "$rootfs" -c . | podman import -q \
-    --change 'CMD ["/sbin/init"]' --change 'STOPSIGNAL=SIGRTMIN+3' - "$BASE_IMAGE" >/dev/null
-  mkdir -p "$(dirname "$IMAGE_ARCHIVE")"
-  podman save -q -o "$IMAGE_ARCHIVE.tmp" "$BASE_IMAGE" && mv "$IMAGE_ARCHIVE.tmp" "$IMAGE_ARCHIVE"
-  log "base image $BASE_IMAGE built and cached"
+  import_rootfs "$rootfs" "$BASE_IMAGE" "$IMAGE_ARCHIVE"
+}
+
+# An Ubuntu 22.04 image for the nvidia_driver scenario's check-mode run (real Ubuntu facts, apt and
+# python3-apt). Debian has no Ubuntu keyring package: the keyring .deb comes from Ubuntu's archive
+# and is checked against a pinned SHA-256 before debootstrap verifies the archive with it.
+step_ubuntu_image() {
+  step_host
+  load_image "$UBUNTU_IMAGE" "$UBUNTU_IMAGE_ARCHIVE" && return 0
+  local rootfs keyring_deb
+  rootfs="$(mktemp -d /var/tmp/inferops-rootfs.XXXXXX)"
+  trap 'rm -rf "$rootfs" "$rootfs.keyring"' RETURN
+  mkdir -p "$rootfs.keyring"
+  keyring_deb="$rootfs.keyring/ubuntu-keyring.deb"
+  curl -fsSL -o "$keyring_deb" "$UBUNTU_MIRROR/pool/main/u/ubuntu-keyring/ubuntu-keyring_${UBUNTU_KEYRING_VERSION}_all.deb"
+  echo "$UBUNTU_KEYRING_SHA256  $keyring_deb" | sha256sum -c --quiet - || die "ubuntu-keyring .deb does not match its pinned SHA-256"
+  dpkg-deb -x "$keyring_deb" "$rootfs.keyring/x"
+  log "debootstrap $UBUNTU_SUITE from $UBUNTU_MIRROR (about a minute)"
+  debootstrap --variant=minbase --components=main \
+    --keyring="$rootfs.keyring/x/usr/share/keyrings/ubuntu-archive-keyring.gpg" \
+    --include=systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,procps,ca-certificates \
+    "$UBUNTU_SUITE" "$rootfs" "$UBUNTU_MIRROR" /usr/share/debootstrap/scripts/gutsy >/dev/null
+  printf 'deb %s %s main restricted universe\ndeb %s %s-updates main restricted universe\n' \
+    "$UBUNTU_MIRROR" "$UBUNTU_SUITE" "$UBUNTU_MIRROR" "$UBUNTU_SUITE" >"$rootfs/etc/apt/sources.list"
+  import_rootfs "$rootfs" "$UBUNTU_IMAGE" "$UBUNTU_IMAGE_ARCHIVE"
 }
 
 # write_lock DIR: the lock list of exactly the wheels in DIR, installed with --no-deps.
@@ -155,6 +192,7 @@ case "${1:-all}" in
   image) step_host; step_image ;;
   wheelhouse) step_wheelhouse; step_router_wheelhouse ;;
   model) step_model ;;
+  ubuntu-image) step_ubuntu_image ;;
   all) step_host; step_image; step_wheelhouse; step_router_wheelhouse; step_model ;;
-  *) die "unknown step '${1}': use all, host, image, wheelhouse or model" ;;
+  *) die "unknown step '${1}': use all, host, image, wheelhouse, model or ubuntu-image" ;;
 esac
