@@ -27,6 +27,10 @@ def _size(value, what, name, problems):
     return size
 
 
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
 def _reference(entry):
     """('index', int) or ('uuid', str) for an entry of an instance's gpus, or None if it is neither."""
     if isinstance(entry, bool):
@@ -50,7 +54,9 @@ def _describe(gpu):
     return f"GPU {gpu['index']} ({gpu['uuid']})" if gpu.get("uuid") else f"GPU {gpu['index']}"
 
 
-def gpu_assign(instances, gpus=None, tensor_parallel_size=1, pipeline_parallel_size=1, identify_by="uuid"):
+def gpu_assign(
+    instances, gpus=None, tensor_parallel_size=1, pipeline_parallel_size=1, identify_by="uuid", kv_cache_memory_bytes=0
+):
     if not isinstance(instances, list):
         raise AnsibleFilterError(f"gpu_assign expects the host's list of instances, got {type(instances).__name__}")
     if identify_by not in IDENTIFY_BY:
@@ -67,6 +73,7 @@ def gpu_assign(instances, gpus=None, tensor_parallel_size=1, pipeline_parallel_s
         return gpu["uuid"] if identify_by == "uuid" and gpu.get("uuid") else gpu["index"]
 
     problems = []
+    placed = {}  # instance name -> the GPU facts it got, for the memory check
     plans = []  # (instance copy, needed GPUs, explicit refs or None)
     taken = {}  # duplicate key -> (instance name, ref as written)
     for number, inst in enumerate(instances, start=1):
@@ -141,6 +148,7 @@ def gpu_assign(instances, gpus=None, tensor_parallel_size=1, pipeline_parallel_s
             )
         if facts and len(resolved) == len(given):
             out["gpus"] = [output(gpu) for gpu in resolved]
+            placed[name] = resolved
         else:
             out["gpus"] = [value for _kind, value in refs]
         plans.append((out, None, tp, pp))
@@ -171,9 +179,34 @@ def gpu_assign(instances, gpus=None, tensor_parallel_size=1, pipeline_parallel_s
                     f"or add GPUs"
                 )
             out["gpus"] = [output(gpu) for gpu in free[:needed]]
+            placed[out["name"]] = free[:needed]
             free = free[needed:]
             assigned_before += needed
+        _check_memory(instances, placed, kv_cache_memory_bytes)
     return [out for out, _needed, _tp, _pp in plans]
+
+
+def _check_memory(instances, placed, default_kv_bytes):
+    """vLLM's kv_cache_memory_bytes is per GPU: it must fit in each of the instance's GPUs."""
+    problems = []
+    for inst in instances:
+        kv = (inst.get("overrides") or {}).get("kv_cache_memory_bytes", default_kv_bytes)
+        try:
+            kv = int(kv or 0)
+        except (TypeError, ValueError):
+            continue  # the preflight reports a malformed size
+        for gpu in placed.get(inst["name"], []) if kv > 0 else []:
+            total = gpu.get("memory_total_mib")
+            if total and kv > int(total) * MIB:
+                problems.append(
+                    f"instance {inst['name']} asks for a KV cache of {kv / GIB:.1f} GiB per GPU "
+                    f"(kv_cache_memory_bytes {kv}) but {_describe(gpu)}"
+                    f"{' ' + gpu['name'] if gpu.get('name') else ''} has {int(total) / 1024:.1f} GiB in all: "
+                    f"lower vllm_instance_kv_cache_memory_bytes (or the instance's override) below the GPU's memory "
+                    f"minus the model's weights"
+                )
+    if problems:
+        raise AnsibleFilterError("gpu_assign: " + "; ".join(problems))
 
 
 class FilterModule:

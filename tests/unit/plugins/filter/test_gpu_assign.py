@@ -219,6 +219,25 @@ def test_filter_is_registered():
     assert FilterModule().filters() == {"gpu_assign": gpu_assign}
 
 
+def test_kv_cache_larger_than_the_gpu_is_refused():
+    # vLLM's kv_cache_memory_bytes is per GPU; an 80 GB H100 cannot hold 90 GiB of KV, it can hold 60 GiB.
+    gpu = H100[1]
+    instances = [{"name": "prefill-0"}, {"name": "decode-0", "overrides": {"kv_cache_memory_bytes": 90 * 2**30}}]
+    with pytest.raises(AnsibleFilterError) as err:
+        gpu_assign(instances, H100[:2], 1, 1, "uuid", 60 * 2**30)
+    message = str(err.value)
+    assert "instance decode-0 asks for a KV cache of 90.0 GiB per GPU" in message
+    assert f"GPU 1 ({gpu['uuid']}) {gpu['name']} has {gpu['memory_total_mib'] / 1024:.1f} GiB in all" in message
+    assert "prefill-0" not in message
+    assert gpu_assign(instances[:1], H100[:2], 1, 1, "uuid", 60 * 2**30) == [{"name": "prefill-0", "gpus": [UUID[0]]}]
+
+
+def test_kv_cache_not_checked_without_size_or_facts():
+    gpus = [{"index": 0, "uuid": "GPU-a", "memory_total_mib": 1024}]
+    assert gpu_assign([{"name": "p"}], gpus, kv_cache_memory_bytes=0) == [{"name": "p", "gpus": ["GPU-a"]}]
+    assert gpu_assign([{"name": "p", "gpus": [0]}], [], kv_cache_memory_bytes=2**40) == [{"name": "p", "gpus": [0]}]
+
+
 def test_documentation_matches_the_signature():
     yaml = pytest.importorskip("yaml")
     doc = yaml.safe_load(DOC.read_text())
