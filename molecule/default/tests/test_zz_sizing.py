@@ -3,7 +3,7 @@ figure (`vllm:cache_config_info{kv_cache_size_tokens}`) on the live server, for 
 
 The deployed pair runs 16-bit ("auto") KV. For fp8, decode-0 is stopped and one plain vLLM
 instance is started on the decode host with the same budget and `quant_dtype = "fp8"` (never more
-than two vLLM processes on our 2 cores), then decode-0 is started again. Runs last (file name).
+than two vLLM processes on our 2 cores), then decode-0 is started again (not waited for). Runs last (file name).
 """
 
 from __future__ import annotations
@@ -78,15 +78,10 @@ def fp8_instance(decode_host):
     finally:
         decode_host.run("systemctl stop inferops-sizing-fp8; systemctl reset-failed inferops-sizing-fp8")
         decode_host.run("rm -f /tmp/sizing-fp8.toml")
+        # decode-0 is started again (it answers again about a minute later); nothing after this test
+        # needs it, so the test does not wait for it.
         assert decode_host.run("systemctl start vllm@decode-0").rc == 0
-        deadline = time.monotonic() + 300
-        health = "python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8200/health')\""
-        while time.monotonic() < deadline:
-            if decode_host.run(health).rc == 0:
-                break
-            time.sleep(3)
-        else:
-            raise AssertionError("decode-0 did not come back after the fp8 sizing check")
+        assert decode_host.run("systemctl is-active vllm@decode-0").rc == 0
 
 
 def test_sizing_matches_vllm_for_fp8_kv(fp8_instance):

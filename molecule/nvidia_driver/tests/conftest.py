@@ -31,12 +31,14 @@ def run_playbook(playbook: str, *args: str) -> tuple[int, dict]:
     """ansible-playbook on the scenario's inventory; returns (rc, the JSON callback's report)."""
     inventory = os.environ["MOLECULE_INVENTORY_FILE"]
     env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_FORCE_COLOR="0")
+    # Other stdout-writing callbacks (profile_tasks, say) would break the JSON.
+    env.pop("ANSIBLE_CALLBACKS_ENABLED", None)
     if os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY"):
         cfg = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "ansible.cfg"
         if cfg.is_file():
             env["ANSIBLE_CONFIG"] = str(cfg)
     cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", inventory, str(SCENARIO / playbook), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert proc.stdout.strip(), f"no output from {cmd}: {proc.stderr}"
     return proc.returncode, json.loads(proc.stdout)
 
