@@ -46,7 +46,7 @@ main() {
     for filter in pd_instances pd_preflight kv_sizing gpu_assign; do
       ansible-doc -t filter "inferops.vllm.$filter" >/dev/null
     done
-    for role in python_venv vllm_install vllm_instance vllm_router vllm_verify nvidia_driver; do
+    for role in python_venv vllm_install vllm_instance vllm_firewall vllm_router vllm_verify nvidia_driver; do
       ansible-doc -t role "inferops.vllm.$role" >/dev/null
     done
     for inv in sandbox example; do

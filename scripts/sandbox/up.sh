@@ -16,7 +16,7 @@ for name in inferops-prefill-1 inferops-decode-1 inferops-router-1; do
   if ! podman container exists "$name"; then
     log "starting sandbox host $name"
     podman run -d --name "$name" --hostname "$name" --network "$network" --systemd=always \
-      --shm-size=1g \
+      --shm-size=1g --cap-add NET_ADMIN \
       "$BASE_IMAGE" /sbin/init >/dev/null
   elif [ "$(podman inspect -f '{{.State.Running}}' "$name")" != true ]; then
     podman start "$name" >/dev/null
