@@ -626,6 +626,8 @@ class _Inventory:
     router_pub: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     shared_ok: dict[str, Any] = field(default_factory=dict)
     instances: list[Instance] = field(default_factory=list)
+    # Each host's inventory variables as given (hostvars), for checks of variables that are not published.
+    variables: dict[str, Any] = field(default_factory=dict)
 
 
 def _load(published_by_host: Mapping[str, Any], groups: Mapping[str, Any], rep: _Report | None) -> _Inventory:
@@ -638,6 +640,8 @@ def _load(published_by_host: Mapping[str, Any], groups: Mapping[str, Any], rep: 
         except Exception:  # noqa: BLE001 - a host whose variables cannot be resolved published nothing
             entry = None
         instance, router, shared = _split(entry, host in g["router"])
+        if entry is not None and hasattr(entry, "__contains__"):
+            inv.variables[host] = entry
         if isinstance(instance, Mapping):
             inv.instance_pub[host] = instance
         if isinstance(router, Mapping):
@@ -1086,6 +1090,40 @@ def _check_network(rep: _Report, inv: _Inventory) -> None:
                     "give each host its own address (or remove the variable to use each host's default route).")
 
 
+def _check_firewall(rep: _Report, inv: _Inventory) -> None:
+    """vllm_firewall's variables on the prefill/decode hosts: nft would refuse them after vLLM was installed."""
+    for host in dict.fromkeys(i.host for i in inv.instances):
+        variables = inv.variables.get(host)
+        if variables is None:
+            continue
+        enabled, _state = _var(variables, "vllm_firewall_enabled")
+        if enabled is not None and str(enabled).strip().lower() in ("false", "no", "0", "off"):
+            continue
+        action, state = _var(variables, "vllm_firewall_action")
+        if state == "set" and _text(action) not in ("reject", "drop"):
+            rep.add("network", host, "vllm_firewall_action", f"is {_show(action)}.",
+                    "use 'reject' (refused connections get a TCP reset) or 'drop'.")
+        sources, state = _var(variables, "vllm_firewall_api_sources")
+        # Not resolvable without facts (the sandbox allows the default gateway): the role checks it with nft.
+        if state != "set" or sources is None:
+            continue
+        if isinstance(sources, (str, bytes)) or not isinstance(sources, (list, tuple)):
+            rep.add("network", host, "vllm_firewall_api_sources", f"is {_show(sources)}, not a list.",
+                    "list addresses or CIDRs, e.g. [10.20.0.15, 10.30.0.0/24].")
+            continue
+        bad = []
+        for entry in sources:
+            try:
+                ipaddress.ip_network(str(entry).strip(), strict=False)
+            except ValueError:
+                bad.append(entry)
+        if bad:
+            rep.add("network", host, "vllm_firewall_api_sources",
+                    f"has {', '.join(_show(b) for b in bad)}, which {'is' if len(bad) == 1 else 'are'} no IP address "
+                    "or CIDR (nftables takes addresses, not host names).",
+                    "list IPv4/IPv6 addresses or CIDRs such as 10.20.0.15 or 10.30.0.0/24.")
+
+
 def _check_secrets(rep: _Report, inv: _Inventory) -> None:
     router_keys = False
     for host, pub in inv.router_pub.items():
@@ -1166,7 +1204,7 @@ def pd_preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any]
         ("capacity", lambda: _check_capacity(rep, inv)),
         ("unsupported", lambda: _check_unsupported(rep, inv)),
         ("client", lambda: _check_client(rep, inv, opts)),
-        ("network", lambda: _check_network(rep, inv)),
+        ("network", lambda: (_check_network(rep, inv), _check_firewall(rep, inv))),
         ("secrets", lambda: _check_secrets(rep, inv)),
         ("booleans", lambda: _check_booleans(rep, inv, opts)),
     )
