@@ -1103,8 +1103,14 @@ def _check_firewall(rep: _Report, inv: _Inventory) -> None:
         if state == "set" and _text(action) not in ("reject", "drop"):
             rep.add("network", host, "vllm_firewall_action", f"is {_show(action)}.",
                     "use 'reject' (refused connections get a TCP reset) or 'drop'.")
-        sources, state = _var(variables, "vllm_firewall_api_sources")
-        # Not resolvable without facts (the sandbox allows the default gateway): the role checks it with nft.
+        # Entries are templated when read: one that needs facts (the sandbox allows its default gateway)
+        # cannot be known here, and the role checks it with nft at deploy time.
+        try:
+            sources, state = _var(variables, "vllm_firewall_api_sources")
+            if isinstance(sources, (list, tuple)):
+                sources = [str(entry) for entry in sources]
+        except Exception:  # noqa: BLE001 - Ansible's undefined-variable errors, without importing Ansible
+            continue
         if state != "set" or sources is None:
             continue
         if isinstance(sources, (str, bytes)) or not isinstance(sources, (list, tuple)):
