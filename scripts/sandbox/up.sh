@@ -13,6 +13,12 @@ export_sandbox_env
 network=inferops-sandbox
 podman network exists "$network" || podman network create "$network" >/dev/null
 for name in inferops-prefill-1 inferops-decode-1 inferops-router-1; do
+  # Hosts from before the firewall role lack NET_ADMIN (nftables): start them afresh.
+  if podman container exists "$name" &&
+    ! podman inspect -f '{{.HostConfig.CapAdd}}' "$name" | grep -q NET_ADMIN; then
+    log "recreating sandbox host $name with NET_ADMIN (needed for the firewall rules)"
+    podman rm -f "$name" >/dev/null
+  fi
   if ! podman container exists "$name"; then
     log "starting sandbox host $name"
     podman run -d --name "$name" --hostname "$name" --network "$network" --systemd=always \
