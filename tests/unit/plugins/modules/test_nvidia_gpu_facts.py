@@ -8,7 +8,6 @@ same GPUs (no source had all three outputs of one machine), the test says so.
 
 from __future__ import annotations
 
-import ast
 import os
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ansible_collections.inferops.vllm.plugins.modules import nvidia_gpu_facts
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
     AnsibleExitJson,
     AnsibleFailJson,
+    assert_no_globals_besides_documentation,
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
@@ -432,15 +432,4 @@ def test_returned_keys_match_the_documentation(monkeypatch):
 
 
 def test_module_has_no_globals_besides_documentation():
-    tree = ast.parse(Path(nvidia_gpu_facts.__file__).read_text())
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)):
-            continue
-        if isinstance(node, ast.Assign):
-            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-            assert names and set(names) <= {"DOCUMENTATION", "EXAMPLES", "RETURN"}, ast.dump(node)
-            continue
-        if isinstance(node, ast.If):  # if __name__ == "__main__": main()
-            assert "__main__" in ast.unparse(node.test)
-            continue
-        raise AssertionError(f"unexpected module-level statement: {ast.unparse(node)[:80]}")
+    assert_no_globals_besides_documentation(nvidia_gpu_facts)
