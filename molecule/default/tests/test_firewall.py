@@ -31,7 +31,7 @@ CONNECT = (
 
 def connect_from(host, address: str, port: int) -> str:
     """Try a TCP connection from a container host (testinfra); 'connected', 'refused' or the error."""
-    return host.run(f"python3 -c {quote(CONNECT)} {address} {port}").stdout.strip()
+    return host.run("python3 -c %s %s %s", CONNECT, address, str(port)).stdout.strip()
 
 
 def connect_from_outsider(address: str, port: int) -> str:
@@ -42,10 +42,6 @@ def connect_from_outsider(address: str, port: int) -> str:
     )
     assert proc.stdout.strip(), proc.stderr
     return proc.stdout.strip()
-
-
-def quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 @pytest.mark.parametrize("fixture", ["prefill_host", "decode_host"])
