@@ -5,8 +5,10 @@ import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -87,9 +89,9 @@ def write_toml(tmp_path):
 @pytest.fixture
 def no_exec(monkeypatch):
     def forbidden(*args, **kwargs):
-        raise AssertionError(f"os.execve must not be called: {args}")
+        raise AssertionError(f"vLLM must not be started: {args}")
 
-    monkeypatch.setattr(launch.os, "execve", forbidden)
+    monkeypatch.setattr(launch, "supervise", forbidden)
 
 
 @pytest.fixture
@@ -98,8 +100,9 @@ def fake_exec(monkeypatch):
 
     def record(path, argv, env):
         calls.append((path, list(argv), dict(env)))
+        return 0
 
-    monkeypatch.setattr(launch.os, "execve", record)
+    monkeypatch.setattr(launch, "supervise", record)
     return calls
 
 
@@ -1207,22 +1210,112 @@ def test_exec_mode_invalid_config_does_not_exec(write_toml, capsys, no_exec):
     assert err.startswith(f"{PREFIX}: {path}: model.quantization_bits: the bit width comes from the quantized")
 
 
+def _not_executable(tmp_path: Path) -> Path:
+    script = tmp_path / "vllm"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o644)
+    return script
+
+
 EXEC_ERRORS = [
-    (FileNotFoundError(2, "No such file or directory"), 127),
-    (PermissionError(13, "Permission denied"), 126),
+    (lambda tmp_path: tmp_path / "missing" / "vllm", "No such file or directory", 127),
+    (_not_executable, "Permission denied", 126),
 ]
 
 
-@pytest.mark.parametrize(("error", "code"), EXEC_ERRORS)
-def test_exec_failure_exit_codes(write_toml, capsys, monkeypatch, error, code):
-    def fail(*args):
-        raise error
-
-    monkeypatch.setattr(launch.os, "execve", fail)
+@pytest.mark.parametrize(("make_bin", "reason", "code"), EXEC_ERRORS)
+def test_exec_failure_exit_codes(write_toml, capsys, monkeypatch, tmp_path, make_bin, reason, code):
+    monkeypatch.setattr(launch, "_become_subreaper", lambda: None)  # leave the test process as it is
+    vllm_bin = make_bin(tmp_path)
     path = write_toml('[server]\n[model]\nname = "m"\n')
-    assert launch.main(["--config", str(path), "--vllm-bin", "/nope/vllm"]) == code
+    assert launch.main(["--config", str(path), "--vllm-bin", str(vllm_bin)]) == code
     err = capsys.readouterr().err
-    assert f"{PREFIX}: cannot exec /nope/vllm: {error.strerror}; install vLLM into this venv or pass --vllm-bin" in err
+    assert f"{PREFIX}: cannot exec {vllm_bin}: {reason}; install vLLM into this venv or pass --vllm-bin" in err
+
+
+# --------------------------------------------------------------------------- supervision (real processes)
+
+# A stand-in for `vllm serve`: leaves a grandchild that ignores SIGTERM behind (as vLLM's resource
+# tracker does), writes both PIDs, then waits; SIGTERM makes it exit with status 0, and its first
+# argument after `serve` can make it exit with a status or die of SIGKILL instead.
+FAKE_VLLM = """\
+import os, signal, sys, time
+out = sys.argv[-1].removeprefix("--marks=")
+if os.fork() == 0:
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open(out + ".orphan", "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(1)
+    os._exit(0)
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+with open(out + ".main", "w") as f:
+    f.write(str(os.getpid()))
+how = sys.argv[2]
+while not os.path.exists(out + ".orphan"):
+    time.sleep(0.05)
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if how.isdigit():
+    sys.exit(int(how))
+while True:
+    time.sleep(1)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _start_launcher(tmp_path: Path, how: str) -> tuple[subprocess.Popen, Path]:
+    fake = tmp_path / "vllm"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_VLLM}")
+    fake.chmod(0o755)
+    marks = tmp_path / "pids"
+    config = tmp_path / "inst.toml"
+    config.write_text(f'[server]\n[model]\nname = "{how}"\n[extra]\nargs = ["--marks={marks}"]\n')
+    proc = subprocess.Popen([sys.executable, str(LAUNCHER), "--config", str(config), "--vllm-bin", str(fake)],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not (Path(f"{marks}.main").exists() and Path(f"{marks}.orphan").exists()):
+        assert proc.poll() is None or how != "serve", proc.stderr.read()
+        assert time.monotonic() < deadline, "the stand-in vLLM did not start"
+        time.sleep(0.05)
+    return proc, marks
+
+
+def _pid(marks: Path, which: str) -> int:
+    return int(Path(f"{marks}.{which}").read_text())
+
+
+def test_stop_forwards_sigterm_and_leaves_no_process_behind(tmp_path):
+    proc, marks = _start_launcher(tmp_path, "serve")
+    main_pid, orphan = _pid(marks, "main"), _pid(marks, "orphan")
+    assert main_pid != proc.pid, "vLLM runs as the launcher's child"
+    assert _alive(orphan)
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=launch.ORPHAN_GRACE_SECONDS + 10) == 0, proc.stderr.read()
+    # The orphan ignored SIGTERM: it got SIGKILL after the grace period, and was reaped.
+    assert launch.ORPHAN_GRACE_SECONDS - 1 < time.monotonic() - began < launch.ORPHAN_GRACE_SECONDS + 5
+    assert not _alive(main_pid) and not _alive(orphan)
+
+
+def test_exit_status_of_vllm_is_the_launchers_and_leftovers_are_stopped(tmp_path):
+    proc, marks = _start_launcher(tmp_path, "3")
+    assert proc.wait(timeout=launch.ORPHAN_GRACE_SECONDS + 10) == 3, proc.stderr.read()
+    assert not _alive(_pid(marks, "orphan"))
+
+
+def test_vllm_killed_by_a_signal_kills_the_launcher_with_it(tmp_path):
+    proc, marks = _start_launcher(tmp_path, "kill")
+    assert proc.wait(timeout=launch.ORPHAN_GRACE_SECONDS + 10) == -signal.SIGKILL
+    assert not _alive(_pid(marks, "orphan"))
 
 
 def test_secret_looking_environment_values_are_redacted_in_log(write_toml, capsys, fake_exec):

@@ -11,21 +11,27 @@ this launcher with the venv's python::
 The launcher reads the TOML, validates it (reporting *every* problem at once,
 each naming the ``section.key``, what is wrong and what to write instead),
 builds the ``vllm serve`` argv and the environment variables, logs the final
-command, and replaces itself with vLLM via ``os.execve`` so that systemd
-supervises vLLM directly.  Standard library only (``tomli`` is used on
-Python 3.10, which has no ``tomllib``).
+command, and runs vLLM as its child, staying the unit's main process as a
+subreaper (``PR_SET_CHILD_SUBREAPER``): SIGTERM/SIGINT/SIGHUP go to vLLM, and
+once vLLM has exited every process it left behind (its multiprocessing
+resource tracker ignores SIGTERM) is stopped and reaped before the launcher
+exits with vLLM's status.  So a stop ends with an empty cgroup even where
+systemd gets no cgroup-empty events (systemd in a container on cgroup v1,
+where a leftover process made every stop time out and fail).  Standard
+library only (``tomli`` is used on Python 3.10, which has no ``tomllib``).
 
 Modes
     default     validate, build, log ``inferops-vllm-launch: exec: <cmd>`` and one
                 ``inferops-vllm-launch: env: NAME=value`` line per variable the
-                launcher sets (secrets shown as ``<redacted>``) to stderr, exec.
+                launcher sets (secrets shown as ``<redacted>``) to stderr, run vLLM.
     --check     validate and build, print the same lines to stdout followed by
-                ``inferops-vllm-launch: <path>: config OK``; never execs.
+                ``inferops-vllm-launch: <path>: config OK``; never starts vLLM.
 ``--vllm-bin`` defaults to ``vllm`` next to the running interpreter
 (``Path(sys.executable).parent / "vllm"``).
 
 Exit codes
-    0    --check: configuration OK (default mode does not return: it execs)
+    0    --check: configuration OK; otherwise vLLM's own exit status (a vLLM
+         killed by a signal makes the launcher die of the same signal)
     1    no TOML parser available (Python 3.10 without tomli)
     2    configuration problem: file missing/unreadable/not UTF-8, TOML syntax
          error, or validation problems.  Every line on stderr reads
@@ -92,12 +98,15 @@ Python API (used by the unit tests):
 """
 
 import argparse
+import ctypes
 import difflib
 import json
 import os
 import re
 import shlex
+import signal
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +127,10 @@ EXIT_NO_TOML_PARSER = 1
 EXIT_CONFIG = 2
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
+
+PR_SET_CHILD_SUBREAPER = 36
+# Seconds the processes vLLM leaves behind get after SIGTERM before SIGKILL.
+ORPHAN_GRACE_SECONDS = 5.0
 
 VLLM_DEFAULT_PORT = 8000  # what vLLM listens on when server.port is not set
 API_KEY_VAR = "VLLM_API_KEY"  # the variable vLLM itself reads
@@ -801,14 +814,105 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execve(str(vllm_bin), exec_argv, {**environ, **env})
+        return supervise(str(vllm_bin), exec_argv, {**environ, **env})
     except OSError as exc:
         print(
             f"{PROG}: cannot exec {vllm_bin}: {exc.strerror or exc}; install vLLM into this venv or pass --vllm-bin",
             file=sys.stderr,
         )
         return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
-    return EXIT_OK  # only reached when os.execve is replaced (tests)
+
+
+# --------------------------------------------------------------------------- supervision
+
+
+def _become_subreaper() -> None:
+    """Orphans of vLLM's process tree become the launcher's children (Linux), so it can reap them."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+    except (OSError, AttributeError) as exc:
+        print(f"{PROG}: warning: cannot become a subreaper ({exc}); processes vLLM leaves behind are "
+              "left to systemd", file=sys.stderr)
+
+
+def _children() -> list[int]:
+    """PIDs whose parent is this process (zombies included), from /proc."""
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me:
+            found.append(int(entry))
+    return found
+
+
+def _reap_nohang() -> bool:
+    """Reap every child that has exited; False once no child is left at all."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def _stop_leftovers(grace: float) -> None:
+    """SIGTERM, then after ``grace`` seconds SIGKILL, to every process left in vLLM's tree, until none is."""
+    deadline = time.monotonic() + grace
+    while _reap_nohang():
+        left = _children()
+        if not left:
+            return
+        sig = signal.SIGTERM if time.monotonic() < deadline else signal.SIGKILL
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+def supervise(path: str, argv: list[str], env: Mapping[str, str], grace: float = ORPHAN_GRACE_SECONDS) -> int:
+    """Run vLLM as a child, forward stop signals to it, and return its exit status once it and every
+    process it left behind are gone. A vLLM killed by a signal is reported as the launcher dying of it."""
+    _become_subreaper()
+    state: dict[str, Any] = {"pid": None}
+
+    def forward(signum, _frame):
+        if state["pid"] is not None:
+            try:
+                os.kill(state["pid"], signum)
+            except ProcessLookupError:
+                pass
+
+    stop_signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for signum in stop_signals:
+        signal.signal(signum, forward)
+    state["pid"] = os.posix_spawn(path, argv, dict(env))
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == state["pid"]:
+            break
+    code = os.waitstatus_to_exitcode(status)
+    state["pid"] = None
+    _stop_leftovers(grace)
+    if code < 0:
+        # Die of the same signal, as systemd would have seen vLLM do (SIGTERM on stop counts as clean).
+        if -code in stop_signals:
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+        return 128 - code
+    return code
 
 
 if __name__ == "__main__":
