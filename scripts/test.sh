@@ -40,7 +40,7 @@ main() {
     test -f "$out/installed/ansible_collections/inferops/vllm/roles/vllm_instance/files/inferops_vllm_launch.py"
     test ! -e "$out/installed/ansible_collections/inferops/vllm/molecule"
     rm -rf "$out"
-    for module in vllm_health nvidia_gpu_facts; do
+    for module in vllm_health vllm_instance_wait nvidia_gpu_facts nixl_progress_delay; do
       ansible-doc -t module "inferops.vllm.$module" >/dev/null
     done
     for filter in pd_instances pd_preflight kv_sizing gpu_assign; do
