@@ -52,6 +52,34 @@ def metric_samples(url: str) -> dict[tuple[str, tuple], float]:
     return out
 
 
+# CPU seconds (user + system) of every process that systemd counts in a unit, read in the host.
+_UNIT_CPU_SCRIPT = r"""
+import os, subprocess, sys
+unit = sys.argv[1]
+ticks = 0
+for line in subprocess.run(["ps", "-eo", "pid=,unit="], capture_output=True, text=True, check=True).stdout.splitlines():
+    pid, _, owner = line.strip().partition(" ")
+    if owner.strip() != unit:
+        continue
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        continue
+    ticks += int(fields[11]) + int(fields[12])
+print(ticks / os.sysconf("SC_CLK_TCK"))
+"""
+
+
+def unit_cpu_seconds(host, unit: str) -> float:
+    return float(host.check_output("python3 -c %s %s", _UNIT_CPU_SCRIPT, unit))
+
+
+def journal_tail(host, unit: str, lines: int = 60) -> str:
+    """The unit's last journal lines, for the message of a failed test."""
+    return host.run(f"journalctl -u {unit} -n {lines} --no-pager -o cat").stdout
+
+
 @pytest.fixture(scope="session")
 def prefill_host():
     return testinfra.get_host(f"podman://{PREFILL}")

@@ -3,8 +3,10 @@ real KV handoff from prefill to decode over NIXL."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from conftest import http_json, metric_samples, secret
+from conftest import http_json, metric_samples, secret, unit_cpu_seconds
 
 LAUNCH = "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config"
 
@@ -35,10 +37,16 @@ def test_process_runs_as_vllm_user_without_key_in_argv(request, host_fixture, na
     pid = host.check_output(f"systemctl show -p MainPID --value vllm@{name}")
     assert pid != "0"
     assert host.check_output(f"ps -o user= -p {pid}") == "vllm"
-    argv = host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
-    # The launcher exec'd vLLM itself (systemd supervises vLLM, not a wrapper).
+    # The unit's main process is the launcher, which runs vLLM as its child (and reaps what vLLM
+    # leaves behind when it stops).
+    launcher = host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
+    assert launcher[1] == "/usr/local/lib/inferops-vllm/inferops_vllm_launch.py", launcher
+    children = host.check_output(f"ps -o pid= --ppid {pid}").split()
+    assert len(children) == 1, children
+    assert host.check_output(f"ps -o user= -p {children[0]}") == "vllm"
+    argv = host.file(f"/proc/{children[0]}/cmdline").content_string.split("\0")
     assert argv[1:3] == ["/opt/vllm/venv/bin/vllm", "serve"] or argv[0].endswith("vllm"), argv
-    assert "--api-key" not in argv
+    assert "--api-key" not in argv and "--api-key" not in launcher
     assert "--kv-transfer-config" in argv
 
 
@@ -151,3 +159,33 @@ def test_pd_handoff_moves_kv_from_prefill_to_decode(prefill_url, decode_url):
     }, headers=auth())
     assert pd_text == direct["choices"][0]["text"]
     assert "Paris" in pd_text
+
+
+# roles/vllm_install's default on the cpu variant (vllm_install_nixl_progress_delay_us).
+NIXL_DELAY_US = 1000
+NIXL_API = "/opt/vllm/venv/lib/python3.11/site-packages/nixl_cu12/_api.py"
+IDLE_SECONDS = 20
+# One core is 1.0. An idle worker whose NIXL progress thread spins without pause uses 0.45-1.0 of a
+# core on our machines; with the delay the whole instance measured ~0.07.
+IDLE_BOUND = 0.25
+
+
+def test_nixl_progress_delay_is_set_in_the_pinned_nixl(prefill_host, decode_host):
+    for host in (prefill_host, decode_host):
+        lines = [line.strip() for line in host.file(NIXL_API).content_string.splitlines() if "pthrDelay =" in line]
+        assert lines == [f"agent_config.pthrDelay = {NIXL_DELAY_US}  # set by inferops.vllm "
+                         "(vllm_install_nixl_progress_delay_us)"], lines
+
+
+def test_idle_instances_give_their_cores_back(prefill_host, decode_host):
+    """The delay reached the running workers: idle instances sampled over the same window stay far
+    below one core each (NIXL's own zero delay keeps a core per worker busy)."""
+    units = {"prefill-0": prefill_host, "decode-0": decode_host}
+    before = {name: unit_cpu_seconds(host, f"vllm@{name}.service") for name, host in units.items()}
+    start = time.monotonic()
+    time.sleep(IDLE_SECONDS)
+    after = {name: unit_cpu_seconds(host, f"vllm@{name}.service") for name, host in units.items()}
+    elapsed = time.monotonic() - start
+    usage = {name: (after[name] - before[name]) / elapsed for name in units}
+    assert all(before.values()), f"no CPU time read for the instances' processes: {before}"
+    assert all(u <= IDLE_BOUND for u in usage.values()), f"idle CPU per instance (1.0 = one core): {usage}"

@@ -1,9 +1,9 @@
 """The KV sizing calculator used by the preflight (plugins/filter/preflight.py) against vLLM's own
 figure (`vllm:cache_config_info{kv_cache_size_tokens}`) on the live server, for 16-bit and fp8 KV.
 
-The deployed pair runs 16-bit ("auto") KV. For fp8, decode-0 is stopped and one plain vLLM
-instance is started on the decode host with the same budget and `quant_dtype = "fp8"` (never more
-than two vLLM processes on our 2 cores), then decode-0 is started again (not waited for). Runs last (file name).
+The deployed pair runs 16-bit ("auto") KV. For fp8, a third, plain vLLM instance is started on the
+decode host with the same budget and `quant_dtype = "fp8"`, through the role's unit template, and
+stopped afterwards; the deployed pair is not touched, so the tests run in any order.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import container_ip, metric_samples
+from conftest import container_ip, journal_tail, metric_samples
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, os.environ["ANSIBLE_COLLECTIONS_PATH"].split(":")[0])
@@ -23,7 +23,6 @@ from ansible_collections.inferops.vllm.plugins.filter.preflight import kv_blocks
 
 BUDGET = 1073741824  # vllm_instance_kv_cache_memory_bytes of the sandbox
 BLOCK = 128  # vLLM's default block size on the CPU
-LAUNCHER = "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py"
 
 
 def model_config() -> dict:
@@ -55,8 +54,15 @@ def test_sizing_matches_vllm_for_16_bit_kv(decode_url):
     assert int(live["kv_cache_size_tokens"]) == predicted_tokens(2)
 
 
+STOP_BOUND_SECONDS = 25  # the unit's TimeoutStopSec (20) and a margin: a stop must not hang
+
+
 @pytest.fixture()
 def fp8_instance(decode_host):
+    """A third vLLM instance, `vllm@sizing-fp8` from the role's own unit template, beside decode-0 (which
+    keeps serving: three vLLM processes fit on 2 cores once idle NIXL workers do not spin). Its stop
+    is checked too: bounded, clean (unit inactive, not failed) and leaving no process behind."""
+    unit = "vllm@sizing-fp8.service"
     model = decode_host.check_output("sed -n 's/^name = //p' /etc/vllm/decode-0.toml")
     toml = (
         '[server]\nhost = "0.0.0.0"\nport = 8299\n'
@@ -64,38 +70,51 @@ def fp8_instance(decode_host):
         f'[kv_cache]\nquant_dtype = "fp8"\nmemory_bytes = {BUDGET}\n'
         '[cpu]\nomp_threads_bind = "1"\n'
     )
-    decode_host.run(f"cat > /tmp/sizing-fp8.toml <<'EOF'\n{toml}EOF\nchmod 0644 /tmp/sizing-fp8.toml")
-    assert decode_host.run("systemctl stop vllm@decode-0").rc == 0
-    started = decode_host.run(
-        "systemd-run --unit inferops-sizing-fp8 -p User=vllm -p KillMode=mixed -p TimeoutStopSec=20 "
-        "--setenv=HOME=/var/lib/vllm --setenv=VLLM_TARGET_DEVICE=cpu --setenv=HF_HUB_OFFLINE=1 "
-        f"{LAUNCHER} --config /tmp/sizing-fp8.toml --vllm-bin /opt/vllm/venv/bin/vllm"
+    written = decode_host.run(
+        f"cat > /etc/vllm/sizing-fp8.toml <<'EOF'\n{toml}EOF\n: > /etc/vllm/sizing-fp8.env && "
+        "chown root:vllm /etc/vllm/sizing-fp8.toml /etc/vllm/sizing-fp8.env && "
+        "chmod 0640 /etc/vllm/sizing-fp8.toml /etc/vllm/sizing-fp8.env"
     )
-    assert started.rc == 0, started.stderr
+    assert written.rc == 0, written.stderr
+    started = decode_host.run(f"systemctl start {unit}")
+    assert started.rc == 0, f"{started.stderr}\n{journal_tail(decode_host, unit)}"
     url = f"http://{container_ip(os.environ.get('INFEROPS_DECODE_HOST', 'molecule-decode'))}:8299"
     try:
-        yield url
+        yield url, unit
     finally:
-        decode_host.run("systemctl stop inferops-sizing-fp8; systemctl reset-failed inferops-sizing-fp8")
-        decode_host.run("rm -f /tmp/sizing-fp8.toml")
-        # decode-0 is started again (it answers again about a minute later); nothing after this test
-        # needs it, so the test does not wait for it.
-        assert decode_host.run("systemctl start vllm@decode-0").rc == 0
-        assert decode_host.run("systemctl is-active vllm@decode-0").rc == 0
+        began = time.monotonic()
+        stopped = decode_host.run(f"systemctl stop {unit}")
+        took = time.monotonic() - began
+        shown = decode_host.run(f"systemctl show -p ActiveState,Result {unit}").stdout
+        state = dict(line.split("=", 1) for line in shown.split())
+        left = decode_host.run(f"ps -eo pid=,unit= | grep -F ' {unit}' || true").stdout.strip()
+        decode_host.run(f"systemctl reset-failed {unit}; rm -f /etc/vllm/sizing-fp8.toml /etc/vllm/sizing-fp8.env")
+        assert stopped.rc == 0 and took < STOP_BOUND_SECONDS, (
+            f"stopping {unit} took {took:.1f} s (rc {stopped.rc})\n{journal_tail(decode_host, unit)}"
+        )
+        assert state == {"ActiveState": "inactive", "Result": "success"}, (
+            f"{unit} after stop: {state}\n{journal_tail(decode_host, unit)}"
+        )
+        assert not left, f"processes of {unit} left after stop:\n{left}"
 
 
-def test_sizing_matches_vllm_for_fp8_kv(fp8_instance):
+def test_sizing_matches_vllm_for_fp8_kv(fp8_instance, decode_host):
+    url, unit = fp8_instance
     deadline = time.monotonic() + 300
     while True:
         try:
-            live = live_cache_config(fp8_instance)
+            live = live_cache_config(url)
             break
-        except (OSError, AssertionError):
-            if time.monotonic() > deadline:
-                raise
+        except (OSError, AssertionError) as exc:
+            active = decode_host.run(f"systemctl is-active {unit}").stdout.strip()
+            if time.monotonic() > deadline or active not in ("active", "activating"):
+                raise AssertionError(
+                    f"{unit} did not serve {url}/metrics ({exc}; unit {active}). Its journal:\n"
+                    f"{journal_tail(decode_host, unit)}"
+                ) from exc
             time.sleep(3)
     assert live["cache_dtype"] == "fp8"
     assert int(live["kv_cache_size_tokens"]) == predicted_tokens(1)
     # fp8 doubles the tokens the same budget holds.
     assert predicted_tokens(1) == 2 * predicted_tokens(2)
-    assert metric_samples(f"{fp8_instance}/metrics")  # the page parses with prometheus_client
+    assert metric_samples(f"{url}/metrics")  # the page parses with prometheus_client
