@@ -858,7 +858,7 @@ def _reap_nohang() -> bool:
     """Reap every child that has exited; False once no child is left at all."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid = os.waitpid(-1, os.WNOHANG)[0]
         except ChildProcessError:
             return False
         if pid == 0:

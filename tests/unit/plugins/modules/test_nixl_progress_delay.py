@@ -8,12 +8,10 @@ import hashlib
 
 import pytest
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.inferops.vllm.plugins.modules import nixl_progress_delay
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
-    AnsibleExitJson,
-    AnsibleFailJson,
     assert_no_globals_besides_documentation,
+    run_module,
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
@@ -29,6 +27,11 @@ class nixl_agent:
         self.agent = nixlBind.nixlAgent(agent_name, agent_config)
 """
 PRISTINE_SHA = hashlib.sha256(STAND_IN.encode()).hexdigest()
+
+
+def run(args=None, **kwargs):
+    """nixl_progress_delay.main() with ``args``: what it exited (or, with expect="fail", failed) with."""
+    return run_module(nixl_progress_delay.main, args, **kwargs)
 
 
 @pytest.fixture(autouse=True)
@@ -50,21 +53,6 @@ def api_file(venv):
     return venv / "lib" / "python3.11" / "site-packages" / "nixl_cu12" / "_api.py"
 
 
-def run_module(args, expect="exit", check_mode=False, diff=False):
-    exc_type = AnsibleExitJson if expect == "exit" else AnsibleFailJson
-    args = dict(args)
-    if check_mode:
-        args["_ansible_check_mode"] = True
-    if diff:
-        args["_ansible_diff"] = True
-    with patch_module_args(args):
-        try:
-            nixl_progress_delay.main()
-        except (AnsibleExitJson, AnsibleFailJson) as exc:
-            if not isinstance(exc, exc_type):
-                raise AssertionError(f"expected {exc_type.__name__}, got {type(exc).__name__}: {exc.args[0]}") from exc
-            return exc.args[0]
-    raise AssertionError("the module neither exited nor failed")  # pragma: no cover
 
 
 def test_no_module_level_state():
@@ -73,7 +61,7 @@ def test_no_module_level_state():
 
 def test_sets_the_delay_then_changes_nothing(venv):
     args = {"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]}
-    result = run_module(args, diff=True)
+    result = run(args, diff=True)
     assert result["changed"] is True
     text = api_file(venv).read_text()
     assert "agent_config.pthrDelay = 1000  # set by inferops.vllm" in text
@@ -86,31 +74,31 @@ def test_sets_the_delay_then_changes_nothing(venv):
     assert result["files"] == [{"path": str(api_file(venv)), "before": "0", "after": "1000", "changed": True}]
     assert result["diff"][0]["before"] == STAND_IN and result["diff"][0]["after"] == text
 
-    again = run_module(args, diff=True)
+    again = run(args, diff=True)
     assert again["changed"] is False and "diff" not in again
     assert api_file(venv).read_text() == text
 
 
 def test_changes_a_delay_it_set_and_puts_nixls_line_back_with_zero(venv):
-    run_module({"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]})
-    result = run_module({"venv": str(venv), "delay_us": 250, "expected_sha256": [PRISTINE_SHA]})
+    run({"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]})
+    result = run({"venv": str(venv), "delay_us": 250, "expected_sha256": [PRISTINE_SHA]})
     assert result["changed"] is True and result["files"][0]["before"] == "1000"
     assert "pthrDelay = 250  #" in api_file(venv).read_text()
     # 0 needs no checksum: the marked line is ours to put back.
-    restored = run_module({"venv": str(venv), "delay_us": 0})
+    restored = run({"venv": str(venv), "delay_us": 0})
     assert restored["changed"] is True
     assert api_file(venv).read_text() == STAND_IN
 
 
 def test_zero_leaves_nixls_own_file_alone_whatever_it_is(venv):
     api_file(venv).write_text(STAND_IN.replace("lthrDelay = 100000", "lthrDelay = 5"))
-    result = run_module({"venv": str(venv), "delay_us": 0})
+    result = run({"venv": str(venv), "delay_us": 0})
     assert result["changed"] is False
     assert "lthrDelay = 5" in api_file(venv).read_text()
 
 
 def test_check_mode_changes_nothing_but_reports_the_change(venv):
-    result = run_module({"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]},
+    result = run({"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]},
                         check_mode=True, diff=True)
     assert result["changed"] is True and result["files"][0]["after"] == "1000"
     assert "pthrDelay = 1000" in result["diff"][0]["after"]
@@ -120,7 +108,7 @@ def test_check_mode_changes_nothing_but_reports_the_change(venv):
 def test_refuses_a_file_that_is_not_the_pinned_release(venv):
     changed = STAND_IN.replace("lthrDelay = 100000", "lthrDelay = 200000")  # another NIXL release, say
     api_file(venv).write_text(changed)
-    result = run_module({"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]}, expect="fail")
+    result = run({"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]}, expect="fail")
     assert str(api_file(venv)) in result["msg"]
     assert PRISTINE_SHA in result["msg"] and hashlib.sha256(changed.encode()).hexdigest() in result["msg"]
     assert "vllm_install_nixl_progress_delay_us: 0" in result["msg"]
@@ -128,7 +116,7 @@ def test_refuses_a_file_that_is_not_the_pinned_release(venv):
 
 
 def test_refuses_without_a_known_checksum(venv):
-    result = run_module({"venv": str(venv), "delay_us": 1000}, expect="fail")
+    result = run({"venv": str(venv), "delay_us": 1000}, expect="fail")
     assert "none given" in result["msg"]
     assert api_file(venv).read_text() == STAND_IN
 
@@ -138,20 +126,20 @@ def test_refuses_a_file_without_exactly_one_delay_line(venv, lines):
     line = "        agent_config.pthrDelay = 0\n"
     text = STAND_IN.replace(line, line * lines)
     api_file(venv).write_text(text)
-    result = run_module({"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]}, expect="fail")
+    result = run({"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]}, expect="fail")
     assert "expected exactly one line" in result["msg"]
     assert api_file(venv).read_text() == text
 
 
 def test_no_nixl_in_the_venv(tmp_path):
-    assert run_module({"venv": str(tmp_path), "delay_us": 0})["changed"] is False
-    failed = run_module({"venv": str(tmp_path), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]}, expect="fail")
+    assert run({"venv": str(tmp_path), "delay_us": 0})["changed"] is False
+    failed = run({"venv": str(tmp_path), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]}, expect="fail")
     assert "is NIXL installed" in failed["msg"]
     # A fresh host in check mode: the install has not run, the change is reported instead of failing.
-    checked = run_module({"venv": str(tmp_path), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]}, check_mode=True)
+    checked = run({"venv": str(tmp_path), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]}, check_mode=True)
     assert checked["changed"] is True and "after the install" in checked["msg"]
 
 
 def test_refuses_a_negative_delay(venv):
-    result = run_module({"venv": str(venv), "delay_us": -1, "expected_sha256": [PRISTINE_SHA]}, expect="fail")
+    result = run({"venv": str(venv), "delay_us": -1, "expected_sha256": [PRISTINE_SHA]}, expect="fail")
     assert "0 or more" in result["msg"]

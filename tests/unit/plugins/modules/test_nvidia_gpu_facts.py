@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args  # ansible-core 2.19+, as meta/runtime.yml requires
 from ansible_collections.inferops.vllm.plugins.modules import nvidia_gpu_facts
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
-    AnsibleExitJson,
-    AnsibleFailJson,
     assert_no_globals_besides_documentation,
+    run_module,
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
@@ -29,6 +27,11 @@ QUERY = (
     "--query-gpu=index,uuid,name,memory.total,memory.used,driver_version,mig.mode.current,pci.bus_id",
     "--format=csv,noheader,nounits",
 )
+
+
+def run(args=None, **kwargs):
+    """nvidia_gpu_facts.main() with ``args``: what it exited (or, with expect="fail", failed) with."""
+    return run_module(nvidia_gpu_facts.main, args, **kwargs)
 
 
 def fixture(name):
@@ -90,19 +93,6 @@ def install(monkeypatch, smi):
     return smi
 
 
-def run_module(args=None, expect="exit", check_mode=False):
-    exc_type = AnsibleExitJson if expect == "exit" else AnsibleFailJson
-    args = dict(args or {})
-    if check_mode:
-        args["_ansible_check_mode"] = True
-    with patch_module_args(args):
-        try:
-            nvidia_gpu_facts.main()
-        except (AnsibleExitJson, AnsibleFailJson) as exc:
-            if not isinstance(exc, exc_type):
-                raise AssertionError(f"expected {exc_type.__name__}, got {type(exc).__name__}: {exc.args[0]}") from exc
-            return exc.args[0]
-    raise AssertionError("the module neither exited nor failed")  # pragma: no cover
 
 
 def assert_no_gpu(result, driver_loaded, reason_part, nvidia_smi=SMI):
@@ -127,7 +117,7 @@ def test_h100_sxm_8_gpus_with_nvswitch(monkeypatch):
         monkeypatch,
         FakeNvidiaSmi("h100-sxm-80gb-x8.query.csv", "h100-sxm-80gb-x8.nvidia-smi.txt", "h100-sxm-x8.topo.txt"),
     )
-    result = run_module()
+    result = run()
     assert result["changed"] is False
     assert result["gpu_count"] == 8
     assert [gpu["index"] for gpu in result["gpus"]] == list(range(8))
@@ -166,7 +156,7 @@ def test_nvswitch_device_nodes(monkeypatch, tmp_path):
         (dev / name).touch()
     install(monkeypatch, FakeNvidiaSmi("a100-sxm4-80gb-x4.query.csv", "a100-sxm4-80gb-x4.nvidia-smi.txt"))
     # Without topology the device nodes alone show the switch; the control node does not count.
-    result = run_module({"topology": False})
+    result = run({"topology": False})
     assert result["nvswitch"] is True
     assert result["nvswitch_evidence"] == [str(dev / "nvidia-nvswitch0"), str(dev / "nvidia-nvswitch1")]
     assert result["topology"] is None and result["nvlink_all_to_all"] is None
@@ -200,7 +190,7 @@ def test_pci_without_driver_shows_gpus_and_nvswitch(monkeypatch, tmp_path):
     write_pci(tmp_path, HGX_PCI)
     (tmp_path / "pci" / "0000:07:00.0").mkdir()  # a device whose files cannot be read is left out
     install(monkeypatch, FakeNvidiaSmi(path=None))
-    result = run_module()
+    result = run()
     assert result["gpus"] == [] and result["driver_loaded"] is False
     assert result["pci_gpus"] == ["0000:18:00.0", "0000:2a:00.0"]
     assert result["pci_nvswitches"] == ["0000:05:00.0", "0000:06:00.0"]
@@ -213,21 +203,21 @@ def test_pci_evidence_adds_to_topology(monkeypatch, tmp_path):
         monkeypatch,
         FakeNvidiaSmi("h100-sxm-80gb-x8.query.csv", "h100-sxm-80gb-x8.nvidia-smi.txt", "h100-sxm-x8.topo.txt"),
     )
-    result = run_module()
+    result = run()
     assert result["nvswitch_evidence"] == ["topology", "pci"]
 
 
 def test_pci_gpus_without_nvswitch(monkeypatch, tmp_path):
     write_pci(tmp_path, {"0000:01:00.0": ("0x10de", "0x030000"), "0000:01:00.1": ("0x10de", "0x040300")})
     install(monkeypatch, FakeNvidiaSmi(path=None))
-    result = run_module()
+    result = run()
     assert result["pci_gpus"] == ["0000:01:00.0"] and result["pci_nvswitches"] == []
     assert result["nvswitch"] is False
 
 
 def test_a100_mig_disabled_without_topology(monkeypatch):
     smi = install(monkeypatch, FakeNvidiaSmi("a100-sxm4-80gb-x4.query.csv", "a100-sxm4-80gb-x4.nvidia-smi.txt"))
-    result = run_module({"topology": False})
+    result = run({"topology": False})
     assert result["gpu_count"] == 4
     assert {gpu["mig_mode"] for gpu in result["gpus"]} == {"disabled"}
     assert result["driver_version"] == "555.42.02" and result["cuda_version"] == "12.5"
@@ -244,7 +234,7 @@ def test_a100_mig_enabled_and_topology_failure_is_no_failure(monkeypatch):
             topo=(3, "", "Topology is not supported on this system\n"),
         ),
     )
-    result = run_module()
+    result = run()
     (gpu,) = result["gpus"]
     assert gpu["mig_mode"] == "enabled" and gpu["name"] == "NVIDIA A100 80GB PCIe"
     assert result["cuda_version"] == "12.4" and result["driver_version"] == "550.163.01"
@@ -258,7 +248,7 @@ def test_rtx4090_pcie_topology(monkeypatch):
         monkeypatch,
         FakeNvidiaSmi("rtx4090-x8.query.csv", "rtx4090-x8.nvidia-smi.txt", "rtx4090-x8.topo.txt"),
     )
-    result = run_module()
+    result = run()
     assert result["gpu_count"] == 8
     assert all(gpu["mig_mode"] is None for gpu in result["gpus"])
     assert set(result["topology"]["0"].values()) == {"SYS"}
@@ -268,7 +258,7 @@ def test_rtx4090_pcie_topology(monkeypatch):
 
 def test_l4_when_plain_nvidia_smi_and_topology_print_nothing_useful(monkeypatch):
     install(monkeypatch, FakeNvidiaSmi("l4.query.csv", plain=(0, "", ""), topo=(0, "", "")))
-    result = run_module()
+    result = run()
     assert result["gpus"][0]["name"] == "NVIDIA L4"
     assert result["cuda_version"] is None
     assert result["topology"] is None
@@ -276,7 +266,7 @@ def test_l4_when_plain_nvidia_smi_and_topology_print_nothing_useful(monkeypatch)
 
 def test_cuda_version_of_a_failed_plain_run_is_unknown(monkeypatch):
     install(monkeypatch, FakeNvidiaSmi("l4.query.csv", plain=(255, "", "Unknown Error"), topo=None))
-    result = run_module({"topology": False})
+    result = run({"topology": False})
     assert result["gpu_count"] == 1 and result["cuda_version"] is None and result["driver_version"] == "550.90.07"
 
 
@@ -285,7 +275,7 @@ def test_check_mode_reads_the_same(monkeypatch):
         monkeypatch,
         FakeNvidiaSmi("h100-sxm-80gb-x8.query.csv", "h100-sxm-80gb-x8.nvidia-smi.txt", "h100-sxm-x8.topo.txt"),
     )
-    result = run_module(check_mode=True)
+    result = run(check_mode=True)
     assert result["changed"] is False and result["gpu_count"] == 8 and result["nvswitch"] is True
     assert len(smi.calls) == 3
 
@@ -295,7 +285,7 @@ def test_check_mode_reads_the_same(monkeypatch):
 
 def test_no_nvidia_smi_is_a_cpu_host(monkeypatch):
     smi = install(monkeypatch, FakeNvidiaSmi(path=None))
-    result = run_module()
+    result = run()
     assert_no_gpu(result, False, "no nvidia-smi was found", nvidia_smi=None)
     assert "/usr/local/nvidia/bin" in result["reason"]
     assert smi.calls == []
@@ -312,7 +302,7 @@ def test_no_nvidia_smi_is_a_cpu_host(monkeypatch):
 )
 def test_driver_not_usable_is_no_failure(monkeypatch, name, rc, driver_loaded, reason_part):
     smi = install(monkeypatch, FakeNvidiaSmi(query=(rc, fixture(name), "")))
-    result = run_module()
+    result = run()
     assert_no_gpu(result, driver_loaded, reason_part)
     assert fixture(name).split()[0] in result["reason"]
     assert smi.calls == [QUERY]  # nothing else is asked of a driver that does not answer
@@ -320,7 +310,7 @@ def test_driver_not_usable_is_no_failure(monkeypatch, name, rc, driver_loaded, r
 
 def test_no_gpu_listed(monkeypatch):
     install(monkeypatch, FakeNvidiaSmi(query=(0, "\n", "")))
-    assert_no_gpu(run_module(), True, "listed no GPU")
+    assert_no_gpu(run(), True, "listed no GPU")
 
 
 # --------------------------------------------------------------------------- failures
@@ -329,7 +319,7 @@ def test_no_gpu_listed(monkeypatch):
 def test_gpu_lost_fails(monkeypatch):
     lost = "Unable to determine the device handle for GPU1: 0000:34:00.0: Unknown Error\n"
     install(monkeypatch, FakeNvidiaSmi(query=(15, "", lost)))
-    result = run_module(expect="fail")
+    result = run(expect="fail")
     assert "failed with rc=15" in result["msg"]
     assert "Unable to determine the device handle for GPU1" in result["msg"]
     assert result["rc"] == 15
@@ -337,7 +327,7 @@ def test_gpu_lost_fails(monkeypatch):
 
 def test_unreadable_output_fails(monkeypatch):
     install(monkeypatch, FakeNvidiaSmi(query=(0, 'Field "mig.mode.current" is not a valid field to query.\n', "")))
-    result = run_module(expect="fail")
+    result = run(expect="fail")
     assert "fields instead of 8" in result["msg"] and "--query-gpu" in result["msg"]
 
 
@@ -346,7 +336,7 @@ def test_explicit_path(monkeypatch, tmp_path):
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
     smi = install(monkeypatch, FakeNvidiaSmi("l4.query.csv", "l4.nvidia-smi.txt", path=str(binary)))
-    result = run_module({"nvidia_smi_path": str(binary), "topology": False})
+    result = run({"nvidia_smi_path": str(binary), "topology": False})
     assert result["nvidia_smi"] == str(binary) and result["gpu_count"] == 1
     assert smi.bin_path_calls == []
 
@@ -358,7 +348,7 @@ def test_explicit_path_that_is_no_executable_fails(monkeypatch, tmp_path, execut
         binary.write_text("not executable\n")
         os.chmod(binary, 0o644)
     install(monkeypatch, FakeNvidiaSmi("l4.query.csv"))
-    result = run_module({"nvidia_smi_path": str(binary)}, expect="fail")
+    result = run({"nvidia_smi_path": str(binary)}, expect="fail")
     assert result["msg"] == f"nvidia_smi_path {binary} is not an executable file"
 
 
@@ -426,7 +416,7 @@ def test_documentation_matches_argument_spec():
 def test_returned_keys_match_the_documentation(monkeypatch):
     yaml = pytest.importorskip("yaml")
     install(monkeypatch, FakeNvidiaSmi("l4.query.csv", "l4.nvidia-smi.txt", "rtx5090-x2.topo.txt"))
-    result = run_module()
+    result = run()
     documented = set(yaml.safe_load(nvidia_gpu_facts.RETURN))
     assert set(result) - {"changed"} == documented
 

@@ -19,15 +19,16 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args  # ansible-core 2.19+, as meta/runtime.yml requires
 from ansible_collections.inferops.vllm.plugins.modules import vllm_health
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
-    AnsibleExitJson,
-    AnsibleFailJson,
+    assert_documented_as_specified,
     assert_no_globals_besides_documentation,
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
+    run_module as run_module_main,
+)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 MODEL = "smollm2-135m-instruct"
@@ -49,18 +50,8 @@ def module_harness(monkeypatch):
 
 
 def run_module(args, expect="exit"):
-    """Run main() with ``args``; returns the result dict of exit_json or fail_json."""
-    exc_type = AnsibleExitJson if expect == "exit" else AnsibleFailJson
-    result = None
-    with patch_module_args(args):
-        try:
-            vllm_health.main()
-        except (AnsibleExitJson, AnsibleFailJson) as exc:
-            if not isinstance(exc, exc_type):
-                raise AssertionError(f"expected {exc_type.__name__}, got {type(exc).__name__}: {exc.args[0]}") from exc
-            result = exc.args[0]
-        else:  # pragma: no cover
-            raise AssertionError("the module neither exited nor failed")
+    """Run main() with ``args``; returns the result dict of exit_json or fail_json, which never holds a key."""
+    result = run_module_main(vllm_health.main, args, expect)
     assert_no_secret(result)
     return result
 
@@ -607,28 +598,13 @@ def test_nixl_counters_absent_before_the_first_transfer():
 # --------------------------------------------------------------------------- documentation and structure
 
 
-def _walk_options(doc_options, spec, path=""):
-    assert set(doc_options) == set(spec), f"{path}: documented {sorted(doc_options)} vs spec {sorted(spec)}"
-    for name, doc in doc_options.items():
-        where = f"{path}{name}"
-        arg = spec[name]
-        assert doc.get("type", "str") == arg.get("type", "str"), where
-        assert doc.get("required", False) == arg.get("required", False), where
-        assert doc.get("default") == arg.get("default"), where
-        assert doc.get("choices") == arg.get("choices"), where
-        assert doc.get("elements") == arg.get("elements"), where
-        assert doc.get("description"), where
-        if "options" in arg:
-            _walk_options(doc["suboptions"], arg["options"], f"{where}.")
-        else:
-            assert "suboptions" not in doc, where
 
 
 def test_documentation_matches_argument_spec():
     yaml = pytest.importorskip("yaml")
     doc = yaml.safe_load(vllm_health.DOCUMENTATION)
     spec = vllm_health.argument_spec()
-    _walk_options(doc["options"], spec)
+    assert_documented_as_specified(doc["options"], spec)
     assert spec["api_key"]["no_log"] is True and spec["instance_api_key"]["no_log"] is True
     assert doc["version_added"] == "0.1.0"
     assert doc["requirements"] == ["prometheus_client"]

@@ -15,12 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args  # ansible-core 2.19+, as meta/runtime.yml requires
 from ansible_collections.inferops.vllm.plugins.modules import vllm_instance_wait
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
-    AnsibleExitJson,
-    AnsibleFailJson,
+    assert_documented_as_specified,
     assert_no_globals_besides_documentation,
+    run_module,
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
@@ -66,6 +65,11 @@ INFO:     Application startup complete.
 INFO:     127.0.0.1:40112 - "GET /health HTTP/1.1" 200 OK
 INFO:     127.0.0.1:40113 - "GET /health HTTP/1.1" 200 OK
 """
+
+
+def run(args=None, **kwargs):
+    """vllm_instance_wait.main() with ``args``: what it exited (or, with expect="fail", failed) with."""
+    return run_module(vllm_instance_wait.main, args, **kwargs)
 
 
 def unit_state(active="active", sub="running", restarts=0, result="success", status=0, since=None, load="loaded"):
@@ -204,17 +208,6 @@ def module_harness(monkeypatch, systemd, clock):
         monkeypatch.delenv(var, raising=False)
 
 
-def run_module(args, expect="exit"):
-    """Run main() with ``args``; returns the result dict of exit_json or fail_json."""
-    exc_type = AnsibleExitJson if expect == "exit" else AnsibleFailJson
-    with patch_module_args(args):
-        try:
-            vllm_instance_wait.main()
-        except (AnsibleExitJson, AnsibleFailJson) as exc:
-            if not isinstance(exc, exc_type):
-                raise AssertionError(f"expected {exc_type.__name__}, got {type(exc).__name__}: {exc.args[0]}") from exc
-            return exc.args[0]
-    raise AssertionError("the module neither exited nor failed")  # pragma: no cover
 
 
 def closed_port():
@@ -236,7 +229,7 @@ def test_healthy_immediately(servers, systemd, clock):
     first, second = servers(), servers()
     systemd.add("vllm@prefill-0.service", unit_state(since=START - 47.2), journal=STARTED_LOG)
     systemd.add("vllm@prefill-1.service", unit_state(since=START - 7300), journal="")
-    result = run_module(
+    result = run_module(vllm_instance_wait.main,
         {"instances": [{"name": "prefill-0", "port": first.port}, {"name": "prefill-1", "port": second.port}]}
     )
 
@@ -268,7 +261,7 @@ def test_healthy_immediately(servers, systemd, clock):
 def test_healthy_after_a_few_polls(servers, systemd, clock):
     server = servers(health_failures=3)  # still loading: 503 three times
     systemd.add("vllm@decode-0.service", unit_state(since=START - 5), journal=STARTED_LOG)
-    result = run_module({"instances": [{"name": "decode-0", "port": server.port}]})
+    result = run({"instances": [{"name": "decode-0", "port": server.port}]})
 
     assert clock.sleeps == [2.0, 2.0, 2.0]
     assert len(health_requests(server)) == 4
@@ -283,7 +276,7 @@ def test_healthy_after_a_few_polls(servers, systemd, clock):
 def test_seconds_fall_back_to_the_wait_without_active_timestamp(servers, systemd, clock):
     server = servers(health_failures=1)
     systemd.add("vllm@decode-0.service", unit_state(since=None))
-    result = run_module({"instances": [{"name": "decode-0", "port": server.port}], "interval": 0.5})
+    result = run({"instances": [{"name": "decode-0", "port": server.port}], "interval": 0.5})
     assert result["instances"][0]["seconds"] == 0.5
     assert result["msg"] == f"decode-0 healthy on :{server.port} after 0 s"  # rounded: 0.5 s
 
@@ -293,7 +286,7 @@ def test_custom_unit_host_and_proxy_not_used(servers, systemd, monkeypatch):
     systemd.add("vllm-chat.service", unit_state(since=START - 3))
     # A proxy that would refuse every connection: the module must not go through it.
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{closed_port()}")
-    result = run_module(
+    result = run_module(vllm_instance_wait.main,
         {"instances": [{"name": "chat", "port": server.port, "unit": "vllm-chat.service"}], "host": "127.0.0.1"}
     )
     assert result["instances"][0]["healthy"] is True
@@ -304,7 +297,7 @@ def test_custom_unit_host_and_proxy_not_used(servers, systemd, monkeypatch):
 def test_restart_count_that_does_not_grow_is_fine(servers, systemd, clock):
     server = servers(health_failures=2)
     systemd.add("vllm@decode-0.service", unit_state(restarts=3, since=START - 1))  # restarts before this wait
-    result = run_module({"instances": [{"name": "decode-0", "port": server.port}]})
+    result = run({"instances": [{"name": "decode-0", "port": server.port}]})
     assert result["instances"][0]["healthy"] is True and len(clock.sleeps) == 2
 
 
@@ -319,7 +312,7 @@ def test_unit_that_fails_stops_the_wait_with_its_journal(servers, systemd, clock
         unit_state(active="failed", sub="failed", result="exit-code", status=1, since=START - 1),
         journal=CRASH_LOG,
     )
-    result = run_module({"instances": [{"name": "prefill-0", "port": server.port}]}, expect="fail")
+    result = run({"instances": [{"name": "prefill-0", "port": server.port}]}, expect="fail")
 
     assert clock.sleeps == [2.0]  # failed at the second poll, not after timeout=600
     assert len(health_requests(server)) == 1  # a failed unit is not asked again
@@ -357,7 +350,7 @@ def test_unit_that_fails_stops_the_wait_with_its_journal(servers, systemd, clock
 def test_unit_failed_although_its_port_answers(servers, systemd, clock):
     server = servers()  # something else (a stale process) answers on the port
     systemd.add("vllm@decode-0.service", unit_state(active="failed", sub="failed", result="exit-code", status=1))
-    result = run_module({"instances": [{"name": "decode-0", "port": server.port}]}, expect="fail")
+    result = run({"instances": [{"name": "decode-0", "port": server.port}]}, expect="fail")
     assert "its unit vllm@decode-0.service failed" in result["msg"]
     assert "last check: none (the unit was not running)" in result["msg"]
     assert server.requests == [] and clock.sleeps == []
@@ -374,7 +367,7 @@ def test_restart_fails_early(servers, systemd, clock):
         "vllm@decode-0.service: Failed with result 'oom-kill'.\n"
         "vllm@decode-0.service: Scheduled restart job, restart counter is at 3.\n",
     )
-    result = run_module({"instances": [{"name": "decode-0", "port": server.port}]}, expect="fail")
+    result = run({"instances": [{"name": "decode-0", "port": server.port}]}, expect="fail")
     msg = result["msg"]
     assert msg.startswith(
         "vLLM instance decode-0 is not healthy: the vLLM process of vllm@decode-0.service died and systemd "
@@ -409,7 +402,7 @@ def test_restart_fails_early(servers, systemd, clock):
 def test_dead_unit_states(servers, systemd, clock, state, reason):
     server = servers(status=503)
     systemd.add("vllm@p.service", unit_state(since=START), state)
-    result = run_module({"instances": [{"name": "p", "port": server.port}], "timeout": 600}, expect="fail")
+    result = run({"instances": [{"name": "p", "port": server.port}], "timeout": 600}, expect="fail")
     assert result["msg"].startswith(f"vLLM instance p is not healthy: {reason}.\n")
     assert result["instances"][0]["error"] == reason
     assert clock.sleeps == [2.0]
@@ -430,7 +423,7 @@ def test_several_failures_at_once_and_the_others_are_reported(servers, systemd):
             {"name": "d", "port": closed_port()},
         ]
     }
-    result = run_module(args, expect="fail")
+    result = run(args, expect="fail")
     msg = result["msg"]
     assert msg.startswith("2 of 4 vLLM instances are not healthy.\n\nvLLM instance a is not healthy: its unit")
     assert "\n\nvLLM instance d is not healthy: its unit vllm@d.service failed" in msg
@@ -449,7 +442,7 @@ def test_several_failures_at_once_and_the_others_are_reported(servers, systemd):
 def test_timeout_names_instance_url_and_state(systemd, clock):
     port = closed_port()
     systemd.add("vllm@decode-0.service", unit_state(since=START - 1), journal="INFO loading weights\n")
-    result = run_module({"instances": [{"name": "decode-0", "port": port}], "timeout": 10}, expect="fail")
+    result = run({"instances": [{"name": "decode-0", "port": port}], "timeout": 10}, expect="fail")
     msg = result["msg"]
     url = f"http://127.0.0.1:{port}/health"
     assert msg.startswith(f"vLLM instance decode-0 is not healthy: {url} did not answer HTTP 200 within timeout=10s.\n")
@@ -464,7 +457,7 @@ def test_timeout_names_instance_url_and_state(systemd, clock):
 def test_timeout_while_health_answers_503(servers, systemd, clock):
     server = servers(status=503)
     systemd.add("vllm@decode-0.service", unit_state(since=START))
-    result = run_module(
+    result = run_module(vllm_instance_wait.main,
         {"instances": [{"name": "decode-0", "port": server.port}], "timeout": 3, "interval": 2}, expect="fail"
     )
     assert "last check: HTTP 503" in result["msg"]
@@ -474,18 +467,18 @@ def test_timeout_while_health_answers_503(servers, systemd, clock):
 
 def test_timeout_zero_checks_once(systemd, clock):
     systemd.add("vllm@x.service", unit_state(since=START))
-    result = run_module({"instances": [{"name": "x", "port": closed_port()}], "timeout": 0}, expect="fail")
+    result = run({"instances": [{"name": "x", "port": closed_port()}], "timeout": 0}, expect="fail")
     assert "within timeout=0s" in result["msg"] and clock.sleeps == []
 
 
 def test_without_systemctl_and_journalctl(monkeypatch, servers, systemd):
     monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda module, arg, *args, **kwargs: None)
     server = servers()
-    result = run_module({"instances": [{"name": "x", "port": server.port}]})
+    result = run({"instances": [{"name": "x", "port": server.port}]})
     assert result["instances"][0]["healthy"] is True and result["instances"][0]["unit_state"] is None
     assert result["msg"] == f"x already healthy on :{server.port}"
 
-    result = run_module({"instances": [{"name": "y", "port": closed_port()}], "timeout": 2}, expect="fail")
+    result = run({"instances": [{"name": "y", "port": closed_port()}], "timeout": 2}, expect="fail")
     assert "unit vllm@y.service: unknown (systemctl not found)" in result["msg"]
     assert "journal: could not be read: journalctl not found" in result["msg"]
     assert systemd.calls == []
@@ -494,19 +487,19 @@ def test_without_systemctl_and_journalctl(monkeypatch, servers, systemd):
 def test_journal_lines(systemd):
     journal = "".join(f"INFO line {n}\n" for n in range(600))
     systemd.add("vllm@x.service", unit_state(since=START), journal=journal)
-    result = run_module(
+    result = run_module(vllm_instance_wait.main,
         {"instances": [{"name": "x", "port": closed_port()}], "timeout": 0, "journal_lines": 5}, expect="fail"
     )
     assert result["journal"] == [f"INFO line {n}" for n in range(595, 600)]
     assert systemd.commands(JOURNALCTL)[-1][3:5] == ["-n", "400"]
 
-    result = run_module(
+    result = run_module(vllm_instance_wait.main,
         {"instances": [{"name": "x", "port": closed_port()}], "timeout": 0, "journal_lines": 500}, expect="fail"
     )
     assert len(result["journal"]) == 500
     assert systemd.commands(JOURNALCTL)[-1][3:5] == ["-n", "500"]
 
-    result = run_module(
+    result = run_module(vllm_instance_wait.main,
         {"instances": [{"name": "x", "port": closed_port()}], "timeout": 0, "journal_lines": 0}, expect="fail"
     )
     assert result["journal"] == [] and "last 0 journal lines" in result["msg"]
@@ -518,7 +511,7 @@ def test_root_causes_are_the_last_ten_of_the_last_400_lines(systemd):
     lines += [f"RuntimeError: late {n}" for n in range(12)]
     lines += ["Killed process 4711 (python3) total-vm:12345kB", "Out of memory: OOM-killer woke up", "INFO done"]
     systemd.add("vllm@x.service", unit_state(since=START), journal="\n".join(lines) + "\n")
-    result = run_module({"instances": [{"name": "x", "port": closed_port()}], "timeout": 0}, expect="fail")
+    result = run({"instances": [{"name": "x", "port": closed_port()}], "timeout": 0}, expect="fail")
     assert result["root_causes"] == [f"RuntimeError: late {n}" for n in range(4, 12)] + [
         "Killed process 4711 (python3) total-vm:12345kB",
         "Out of memory: OOM-killer woke up",
@@ -564,7 +557,7 @@ def test_secrets_never_reach_the_result(servers, systemd):
         f"INFO launching with --api-key {secrets[3]}\n"
     )
     systemd.add("vllm@x.service", unit_state(since=START), unit_state(active="failed", sub="failed"), journal=journal)
-    result = run_module({"instances": [{"name": "x", "port": servers(status=503).port}]}, expect="fail")
+    result = run({"instances": [{"name": "x", "port": servers(status=503).port}]}, expect="fail")
     dumped = json.dumps(result)
     for secret in secrets:
         assert secret not in dumped
@@ -579,13 +572,13 @@ def test_secrets_never_reach_the_result(servers, systemd):
     # The line shown on success is redacted the same way.
     healthy = servers()
     systemd.add("vllm@y.service", unit_state(since=START), journal=f"INFO ready, key api_key={secrets[0]}\n")
-    result = run_module({"instances": [{"name": "y", "port": healthy.port}]})
+    result = run({"instances": [{"name": "y", "port": healthy.port}]})
     assert result["instances"][0]["last_log"] == "INFO ready, key api_key=********"
 
 
 def test_long_lines_are_cut_after_redaction(systemd):
     systemd.add("vllm@x.service", unit_state(since=START), journal="x" * 495 + " Bearer sk-SECRET-LONG-TOKEN\n")
-    result = run_module({"instances": [{"name": "x", "port": closed_port()}], "timeout": 0}, expect="fail")
+    result = run({"instances": [{"name": "x", "port": closed_port()}], "timeout": 0}, expect="fail")
     assert result["journal"] == ["x" * 495 + " Bear..."]
     assert "sk-SECRET" not in json.dumps(result)
 
@@ -595,7 +588,7 @@ def test_long_lines_are_cut_after_redaction(systemd):
 
 def test_check_mode_waits_for_nothing(servers, systemd, clock):
     server = servers()
-    result = run_module(
+    result = run_module(vllm_instance_wait.main,
         {"instances": [{"name": "prefill-0", "port": server.port}], "host": "::1", "_ansible_check_mode": True}
     )
     assert result["changed"] is False
@@ -607,12 +600,12 @@ def test_check_mode_waits_for_nothing(servers, systemd, clock):
 
 
 def test_no_instances():
-    result = run_module({"instances": []})
+    result = run({"instances": []})
     assert result["msg"] == "No instances to wait for." and result["instances"] == []
 
 
 def test_invalid_parameters(systemd):
-    result = run_module(
+    result = run_module(vllm_instance_wait.main,
         {
             "instances": [{"name": "a", "port": 8100}, {"name": "a", "port": 70000}],
             "timeout": -1,
@@ -632,27 +625,13 @@ def test_invalid_parameters(systemd):
 # --------------------------------------------------------------------------- documentation and structure
 
 
-def _walk_options(doc_options, spec, path=""):
-    assert set(doc_options) == set(spec), f"{path}: documented {sorted(doc_options)} vs spec {sorted(spec)}"
-    for name, doc in doc_options.items():
-        where = f"{path}{name}"
-        arg = spec[name]
-        assert doc.get("type", "str") == arg.get("type", "str"), where
-        assert doc.get("required", False) == arg.get("required", False), where
-        assert doc.get("default") == arg.get("default"), where
-        assert doc.get("elements") == arg.get("elements"), where
-        assert doc.get("description"), where
-        if "options" in arg:
-            _walk_options(doc["suboptions"], arg["options"], f"{where}.")
-        else:
-            assert "suboptions" not in doc, where
 
 
 def test_documentation_matches_argument_spec():
     yaml = pytest.importorskip("yaml")
     doc = yaml.safe_load(vllm_instance_wait.DOCUMENTATION)
     spec = vllm_instance_wait.argument_spec()
-    _walk_options(doc["options"], spec)
+    assert_documented_as_specified(doc["options"], spec)
     assert doc["attributes"]["check_mode"]["support"] == "full"
     assert doc["attributes"]["diff_mode"]["support"] == "none"
 
