@@ -53,8 +53,6 @@ def api_file(venv):
     return venv / "lib" / "python3.11" / "site-packages" / "nixl_cu12" / "_api.py"
 
 
-
-
 def test_no_module_level_state():
     assert_no_globals_besides_documentation(nixl_progress_delay)
 
@@ -99,7 +97,7 @@ def test_zero_leaves_nixls_own_file_alone_whatever_it_is(venv):
 
 def test_check_mode_changes_nothing_but_reports_the_change(venv):
     result = run({"venv": str(venv), "delay_us": 1000, "expected_sha256": [PRISTINE_SHA]},
-                        check_mode=True, diff=True)
+                 check_mode=True, diff=True)
     assert result["changed"] is True and result["files"][0]["after"] == "1000"
     assert "pthrDelay = 1000" in result["diff"][0]["after"]
     assert api_file(venv).read_text() == STAND_IN

@@ -93,8 +93,6 @@ def install(monkeypatch, smi):
     return smi
 
 
-
-
 def assert_no_gpu(result, driver_loaded, reason_part, nvidia_smi=SMI):
     assert result["changed"] is False
     assert result["gpus"] == [] and result["gpu_count"] == 0

@@ -598,8 +598,6 @@ def test_nixl_counters_absent_before_the_first_transfer():
 # --------------------------------------------------------------------------- documentation and structure
 
 
-
-
 def test_documentation_matches_argument_spec():
     yaml = pytest.importorskip("yaml")
     doc = yaml.safe_load(vllm_health.DOCUMENTATION)

@@ -208,8 +208,6 @@ def module_harness(monkeypatch, systemd, clock):
         monkeypatch.delenv(var, raising=False)
 
 
-
-
 def closed_port():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -229,7 +227,7 @@ def test_healthy_immediately(servers, systemd, clock):
     first, second = servers(), servers()
     systemd.add("vllm@prefill-0.service", unit_state(since=START - 47.2), journal=STARTED_LOG)
     systemd.add("vllm@prefill-1.service", unit_state(since=START - 7300), journal="")
-    result = run_module(vllm_instance_wait.main,
+    result = run(
         {"instances": [{"name": "prefill-0", "port": first.port}, {"name": "prefill-1", "port": second.port}]}
     )
 
@@ -286,7 +284,7 @@ def test_custom_unit_host_and_proxy_not_used(servers, systemd, monkeypatch):
     systemd.add("vllm-chat.service", unit_state(since=START - 3))
     # A proxy that would refuse every connection: the module must not go through it.
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{closed_port()}")
-    result = run_module(vllm_instance_wait.main,
+    result = run(
         {"instances": [{"name": "chat", "port": server.port, "unit": "vllm-chat.service"}], "host": "127.0.0.1"}
     )
     assert result["instances"][0]["healthy"] is True
@@ -457,7 +455,7 @@ def test_timeout_names_instance_url_and_state(systemd, clock):
 def test_timeout_while_health_answers_503(servers, systemd, clock):
     server = servers(status=503)
     systemd.add("vllm@decode-0.service", unit_state(since=START))
-    result = run_module(vllm_instance_wait.main,
+    result = run(
         {"instances": [{"name": "decode-0", "port": server.port}], "timeout": 3, "interval": 2}, expect="fail"
     )
     assert "last check: HTTP 503" in result["msg"]
@@ -487,19 +485,19 @@ def test_without_systemctl_and_journalctl(monkeypatch, servers, systemd):
 def test_journal_lines(systemd):
     journal = "".join(f"INFO line {n}\n" for n in range(600))
     systemd.add("vllm@x.service", unit_state(since=START), journal=journal)
-    result = run_module(vllm_instance_wait.main,
+    result = run(
         {"instances": [{"name": "x", "port": closed_port()}], "timeout": 0, "journal_lines": 5}, expect="fail"
     )
     assert result["journal"] == [f"INFO line {n}" for n in range(595, 600)]
     assert systemd.commands(JOURNALCTL)[-1][3:5] == ["-n", "400"]
 
-    result = run_module(vllm_instance_wait.main,
+    result = run(
         {"instances": [{"name": "x", "port": closed_port()}], "timeout": 0, "journal_lines": 500}, expect="fail"
     )
     assert len(result["journal"]) == 500
     assert systemd.commands(JOURNALCTL)[-1][3:5] == ["-n", "500"]
 
-    result = run_module(vllm_instance_wait.main,
+    result = run(
         {"instances": [{"name": "x", "port": closed_port()}], "timeout": 0, "journal_lines": 0}, expect="fail"
     )
     assert result["journal"] == [] and "last 0 journal lines" in result["msg"]
@@ -588,7 +586,7 @@ def test_long_lines_are_cut_after_redaction(systemd):
 
 def test_check_mode_waits_for_nothing(servers, systemd, clock):
     server = servers()
-    result = run_module(vllm_instance_wait.main,
+    result = run(
         {"instances": [{"name": "prefill-0", "port": server.port}], "host": "::1", "_ansible_check_mode": True}
     )
     assert result["changed"] is False
@@ -605,7 +603,7 @@ def test_no_instances():
 
 
 def test_invalid_parameters(systemd):
-    result = run_module(vllm_instance_wait.main,
+    result = run(
         {
             "instances": [{"name": "a", "port": 8100}, {"name": "a", "port": 70000}],
             "timeout": -1,
@@ -623,8 +621,6 @@ def test_invalid_parameters(systemd):
 
 
 # --------------------------------------------------------------------------- documentation and structure
-
-
 
 
 def test_documentation_matches_argument_spec():
