@@ -52,6 +52,11 @@ export_sandbox_env() {
     INFEROPS_APT_ARCHIVES="$APT_ARCHIVES_DIR" \
     INFEROPS_SECRETS_DIR="$CACHE_DIR/sandbox-secrets" \
     ANSIBLE_COLLECTIONS_PATH="$REPO_ROOT/.ansible/collections"
+  # The controller's SSH key for the sandbox and molecule hosts.
+  if [ ! -f "$SANDBOX_SSH_KEY" ]; then
+    log "making the controller's SSH key for the sandbox hosts: $SANDBOX_SSH_KEY"
+    ssh-keygen -q -t ed25519 -N '' -C inferops-sandbox -f "$SANDBOX_SSH_KEY"
+  fi
 }
 
 log() { printf '\033[1m[sandbox]\033[0m %s\n' "$*" >&2; }

@@ -12,11 +12,6 @@ export PATH="$bin:$PATH"
 export_sandbox_env
 cd "$REPO_ROOT"
 
-if [ ! -f "$SANDBOX_SSH_KEY" ]; then
-  log "making the controller's SSH key for the sandbox hosts: $SANDBOX_SSH_KEY"
-  ssh-keygen -q -t ed25519 -N '' -C inferops-sandbox -f "$SANDBOX_SSH_KEY"
-fi
-
 # Host name -> address, from the inventory (its ansible_host values).
 mapfile -t hosts < <(ansible-inventory -i inventories/sandbox --list | python3 -c '
 import json, sys
