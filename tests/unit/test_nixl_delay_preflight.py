@@ -70,7 +70,7 @@ def _run(tmp_path, name: str, extra: dict) -> subprocess.CompletedProcess[str]:
 def runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("nixl-delay")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_run, tmp_path, name, extra) for name, (extra, _) in CASES.items()}
+        futures = {name: pool.submit(_run, tmp_path, name, case[0]) for name, case in CASES.items()}
         return {name: future.result() for name, future in futures.items()}
 
 
