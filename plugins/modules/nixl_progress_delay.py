@@ -21,12 +21,12 @@ description:
   - Running processes keep the delay they started with, so restart the vLLM instances after a change.
 author:
   - inferops.vllm developers (@inferops)
+extends_documentation_fragment:
+  - inferops.vllm.attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying the target.
     support: full
   diff_mode:
-    description: Will return details on what has changed when in diff mode.
     support: full
 options:
   venv:

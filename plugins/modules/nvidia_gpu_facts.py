@@ -31,17 +31,17 @@ description:
   - Sets the facts C(nvidia_gpus), C(nvidia_driver_version) and C(nvidia_cuda_version).
 author:
   - inferops.vllm developers (@inferops)
+extends_documentation_fragment:
+  - inferops.vllm.attributes
+  - inferops.vllm.attributes.facts
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying the target.
     support: full
     details:
       - The module only runs read-only C(nvidia-smi) queries, so it does the same in check mode.
   diff_mode:
-    description: Will return details on what has changed when in diff mode.
     support: none
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
 options:
   nvidia_smi_path:

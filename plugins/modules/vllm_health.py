@@ -24,15 +24,15 @@ author:
   - inferops.vllm developers (@inferops)
 requirements:
   - prometheus_client
+extends_documentation_fragment:
+  - inferops.vllm.attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying the target.
     support: full
     details:
       - The module only reads and sends completions, which change no state, so it does the same
         in check mode.
   diff_mode:
-    description: Will return details on what has changed when in diff mode.
     support: none
 options:
   instances:

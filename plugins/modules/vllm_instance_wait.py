@@ -30,15 +30,15 @@ description:
     C(systemd-journal) group). Without them the module still waits on C(/health) and says what it could not read.
 author:
   - inferops.vllm developers (@inferops)
+extends_documentation_fragment:
+  - inferops.vllm.attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying the target.
     support: full
     details:
       - In check mode the instances were not (re)started, so the module waits for nothing and returns at once,
         saying so in RV(msg).
   diff_mode:
-    description: Will return details on what has changed when in diff mode.
     support: none
 options:
   instances:

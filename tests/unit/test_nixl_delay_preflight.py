@@ -8,13 +8,12 @@ type is kept. Each bad value must fail with a message naming the host, the varia
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_preflight_inventories import ANSIBLE_PLAYBOOK, REPO, _collections_path
+from test_preflight_inventories import ANSIBLE_PLAYBOOK, REPO, playbook_env
 
 PLAYBOOK = """\
 - name: Run vllm_install's preflight on the controller
@@ -50,15 +49,7 @@ pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbo
 def _run(tmp_path, name: str, extra: dict) -> subprocess.CompletedProcess[str]:
     playbook = tmp_path / f"{name}.yml"
     playbook.write_text(PLAYBOOK)
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_COLLECTIONS_PATH": _collections_path(),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
-        "ANSIBLE_LOCALHOST_WARNING": "0",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
-    }
+    env = playbook_env(ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
     return subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", "localhost,", str(playbook),
          "-e", json.dumps({"ansible_python_interpreter": sys.executable, **extra})],

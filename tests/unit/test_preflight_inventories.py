@@ -49,8 +49,10 @@ ANSIBLE_PLAYBOOK = _ansible_playbook()
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")
 
 
-def _run(playbook: str, case: str) -> subprocess.CompletedProcess[str]:
-    env = {
+def playbook_env(**extra: str) -> dict[str, str]:
+    """The environment of a test's ansible-playbook run: this checkout's config and collections, plain
+    output, and a fast failure were anything to try SSH."""
+    return {
         **os.environ,
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "ANSIBLE_COLLECTIONS_PATH": _collections_path(),
@@ -58,10 +60,14 @@ def _run(playbook: str, case: str) -> subprocess.CompletedProcess[str]:
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
         "ANSIBLE_CALLBACK_RESULT_FORMAT": "yaml",
-        # Were anything to try SSH anyway, fail fast instead of waiting 30 s.
         "ANSIBLE_TIMEOUT": "3",
         "ANSIBLE_SSH_RETRIES": "0",
+        **extra,
     }
+
+
+def _run(playbook: str, case: str) -> subprocess.CompletedProcess[str]:
+    env = playbook_env()
     return subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", str(CASES_DIR / case), str(REPO / "playbooks" / playbook)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
