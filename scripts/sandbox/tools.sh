@@ -7,7 +7,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ANSIBLE_BUNDLE_VERSION="12.3.0"
-BUNDLED_COLLECTIONS=(containers/podman community/general ansible/posix)
+# community.crypto: molecule makes a CA and the front's certificate with it (TLS tested for real).
+BUNDLED_COLLECTIONS=(containers/podman community/general ansible/posix community/crypto)
 
 venv="$(tools_venv_dir)"
 if [ ! -x "$venv/bin/ansible-playbook" ]; then
@@ -21,7 +22,8 @@ if [ ! -x "$venv/bin/ansible-playbook" ]; then
   rm -rf "$venv"; mv "$venv.tmp" "$venv"
 fi
 
-coll="$CACHE_DIR/collections/ansible-$ANSIBLE_BUNDLE_VERSION"
+# Keyed by the bundle's version and the list taken from it: a new entry extracts afresh.
+coll="$CACHE_DIR/collections/ansible-$ANSIBLE_BUNDLE_VERSION-$(printf '%s\n' "${BUNDLED_COLLECTIONS[@]}" | sha256sum | cut -c1-8)"
 if [ ! -f "$coll/.complete" ]; then
   log "extracting ${BUNDLED_COLLECTIONS[*]} from ansible $ANSIBLE_BUNDLE_VERSION"
   rm -rf "$coll.tmp"; mkdir -p "$coll.tmp/dl"

@@ -18,6 +18,14 @@ DECODE = os.environ.get("INFEROPS_DECODE_HOST", "molecule-decode")
 ROUTER = os.environ.get("INFEROPS_ROUTER_HOST", "molecule-router")
 
 
+def front_ca() -> str | None:
+    """The CA of the front's certificate: molecule's prepare step makes one (TLS on); the sandbox of
+    up.sh serves plain HTTP (none), unless INFEROPS_FRONT_CA names one."""
+    ephemeral = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent")
+    path = os.environ.get("INFEROPS_FRONT_CA") or os.path.join(ephemeral, "tls", "ca.pem")
+    return path if os.path.isfile(path) else None
+
+
 def secret(name: str) -> str:
     """A sandbox key, as the inventory's password lookups made it (scripts/sandbox/lib.sh)."""
     with open(os.path.join(os.environ["INFEROPS_SECRETS_DIR"], name)) as f:
@@ -93,6 +101,11 @@ def decode_host():
 @pytest.fixture(scope="session")
 def router_host():
     return testinfra.get_host(f"podman://{ROUTER}")
+
+
+@pytest.fixture(scope="session")
+def front_url():
+    return f"{'https' if front_ca() else 'http'}://{container_ip(ROUTER)}:8000"
 
 
 @pytest.fixture(scope="session")

@@ -1,38 +1,70 @@
 """Verify the router host: vllm-router behind the authenticating front, answering real clients
-(the official openai package) with disaggregated prefill/decode, and keys enforced everywhere."""
+(the official openai package, over TLS checked against the scenario's CA) with disaggregated
+prefill/decode, keys enforced exactly, admin routes unreachable, limits answered with 429."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import socket
+import ssl
+import time
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
-from conftest import ROUTER, container_ip, metric_samples, secret
+from conftest import DECODE, ROUTER, container_ip, front_ca, journal_tail, metric_samples, secret
 
 MODEL = "smollm2-135m-instruct"
 PROMPT = "Question: what is the capital of France? Answer in one word. Answer: The capital of France is"
+# vllm-router's routes that must never reach clients (its admin API has no authentication).
+ADMIN_ROUTES = [
+    ("POST", "/remove_worker?url=http://127.0.0.1:1"),
+    ("POST", "/add_worker?url=http://127.0.0.1:1"),
+    ("GET", "/list_workers"),
+    ("GET", "/workers"),
+    ("GET", "/get_loads"),
+    ("POST", "/flush_cache"),
+    ("GET", "/readiness"),
+    ("GET", "/liveness"),
+    ("GET", "/metrics"),
+    ("GET", "/get_server_info"),
+    ("GET", "/v1/../workers"),
+]
 
 
-@pytest.fixture(scope="module")
-def front_url():
-    return f"http://{container_ip(ROUTER)}:8000"
+def _context() -> ssl.SSLContext | None:
+    ca = front_ca()
+    return ssl.create_default_context(cafile=ca) if ca else None
+
+
+def request(url: str, headers: dict | None = None, body: dict | None = None, method: str | None = None):
+    """(status, headers, body) of one request; errors are answers too."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120, context=_context() if url.startswith("https") else None) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def status_of(url: str, headers: dict | None = None, body: dict | None = None, method: str | None = None) -> int:
+    return request(url, headers, body, method)[0]
+
+
+def bearer(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture(scope="module")
 def client(front_url):
-    return openai.OpenAI(base_url=f"{front_url}/v1", api_key=secret("client_api_key"), timeout=300, max_retries=0)
-
-
-def status_of(url: str, headers: dict | None = None, body: dict | None = None) -> int:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    ca = front_ca()
+    http_client = openai.DefaultHttpxClient(verify=ca) if ca else None
+    return openai.OpenAI(base_url=f"{front_url}/v1", api_key=secret("client_api_key"), timeout=300, max_retries=0,
+                         http_client=http_client)
 
 
 def test_router_units_and_sockets(router_host):
@@ -44,6 +76,8 @@ def test_router_units_and_sockets(router_host):
     assert not router_host.socket("tcp://0.0.0.0:8300").is_listening
     assert router_host.socket("tcp://127.0.0.1:29000").is_listening
     assert router_host.socket("tcp://0.0.0.0:8000").is_listening
+    # The nginx package's default site (a welcome page on port 80) is gone.
+    assert not router_host.socket("tcp://0.0.0.0:80").is_listening
     pid = router_host.check_output("systemctl show -p MainPID --value vllm-router")
     assert router_host.check_output(f"ps -o user= -p {pid}") == "vllm-router"
     # vllm-router renames its process (setproctitle): read the command line systemd runs.
@@ -55,8 +89,13 @@ def test_router_units_and_sockets(router_host):
 
 
 def test_secret_files_are_private(router_host, prefill_host):
-    keys = router_host.file("/etc/nginx/inferops-vllm-keys.map")
-    assert keys.user == "root" and keys.mode == 0o600
+    for path in ("/etc/nginx/inferops-vllm-keys.map", "/etc/nginx/inferops-vllm-proxy.conf"):
+        f = router_host.file(path)
+        assert f.user == "root" and f.mode == 0o600, path
+    # The keys file holds ids and case-sensitive patterns, the site and its proxy file no client key.
+    assert "~^Bearer " in router_host.file("/etc/nginx/inferops-vllm-keys.map").content_string
+    site = router_host.file("/etc/nginx/sites-available/inferops-vllm.conf").content_string
+    assert secret("client_api_key") not in site
     env = router_host.file("/etc/vllm-router/router.env")
     assert env.user == "root" and env.group == "vllm-router" and env.mode == 0o640
     inst = prefill_host.file("/etc/vllm/prefill-0.env")
@@ -64,13 +103,98 @@ def test_secret_files_are_private(router_host, prefill_host):
 
 
 def test_front_refuses_requests_without_a_valid_key(front_url):
+    key = secret("client_api_key")
     body = {"model": MODEL, "prompt": "Hello there, how are you", "max_tokens": 2}
     assert status_of(f"{front_url}/v1/completions", body=body) == 401
-    assert status_of(f"{front_url}/v1/completions", {"Authorization": "Bearer wrong-key-0123456789"}, body) == 401
+    assert status_of(f"{front_url}/v1/completions", bearer("wrong-key-0123456789"), body) == 401
     assert status_of(f"{front_url}/v1/models") == 401
-    assert status_of(f"{front_url}/v1/models", {"Authorization": f"Bearer {secret('client_api_key')}"}) == 200
-    # Load balancers may probe health without a key.
-    assert status_of(f"{front_url}/health") == 200
+    assert status_of(f"{front_url}/v1/models", bearer(key)) == 200
+    # Compared exactly: nginx matches plain map strings case-insensitively, the front must not.
+    assert key.swapcase() != key
+    assert status_of(f"{front_url}/v1/models", bearer(key.swapcase())) == 401
+    flipped = next(i for i, c in enumerate(key) if c.isalpha())
+    one_letter = key[:flipped] + key[flipped].swapcase() + key[flipped + 1:]
+    assert status_of(f"{front_url}/v1/models", bearer(one_letter)) == 401
+    assert status_of(f"{front_url}/v1/models", bearer(key + "x")) == 401
+    assert status_of(f"{front_url}/v1/models", bearer(key[:-1])) == 401
+    assert status_of(f"{front_url}/v1/models", {"Authorization": f"Bearer  {key}"}) == 401
+    # A method the route does not serve.
+    assert status_of(f"{front_url}/v1/completions", bearer(key)) == 405
+
+
+@pytest.mark.parametrize(("method", "path"), ADMIN_ROUTES)
+def test_front_hides_the_routers_admin_routes_whatever_the_key(front_url, method, path):
+    for headers in (bearer(secret("client_api_key")), bearer(secret("instance_api_key")), {}):
+        status, _headers, body = request(f"{front_url}{path}", headers, {} if method == "POST" else None, method)
+        assert status == 404, (path, status, body[:200])
+        assert b"worker" not in body.lower() and b"http://" not in body, body[:200]
+
+
+def test_remove_worker_through_the_front_changes_nothing(router_host, front_url):
+    decode = f"http://{container_ip(DECODE)}"
+    request(f"{front_url}/remove_worker?url={decode}:8200", bearer(secret("client_api_key")), {}, "POST")
+    # The router (on loopback, where only the roles reach it) still has both workers.
+    out = router_host.check_output("python3 -c %s", "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8300/readiness').read().decode())")
+    ready = json.loads(out)
+    assert ready["decode"]["total"] >= 1 and ready["prefill"]["total"] >= 1, ready
+
+
+def test_health_for_load_balancers_reveals_nothing(front_url):
+    status, headers, body = request(f"{front_url}/health")
+    assert status == 200, body
+    lowered = {k.lower(): v for k, v in headers.items()}
+    assert "x-request-id" not in lowered and "nginx/" not in lowered.get("server", "")
+    assert b"http" not in body and b"prefill" not in body and b"decode" not in body and len(body) < 64, body
+    assert status_of(f"{front_url}/health", method="POST", body={}) == 405
+
+
+def test_front_answers_429_over_the_rate_limit(router_host, front_url):
+    key = secret("client_api_key")
+    site = router_host.file("/etc/nginx/sites-available/inferops-vllm.conf").content_string
+    rate = int(site.split("rate=", 1)[1].split("r/s", 1)[0])
+    burst = int(site.split("burst=", 1)[1].split()[0])
+    attempts = 3 * (rate + burst) + 10
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _n: request(f"{front_url}/v1/models", bearer(key)), range(attempts)))
+    codes = [a[0] for a in answers]
+    assert codes.count(429) > 0 and codes.count(200) > 0, codes
+    assert set(codes) <= {200, 429}, codes
+    limited = next(a for a in answers if a[0] == 429)
+    assert {k.lower(): v for k, v in limited[1].items()}.get("retry-after") == "1"
+    assert b"rate_limit" in limited[2]
+    # Another key-holder is not affected by this key's burst: the limit is per key, and it passes.
+    time.sleep(1 + burst / max(rate, 1))
+    assert status_of(f"{front_url}/v1/models", bearer(key)) == 200
+
+
+def test_front_speaks_tls_only_and_verifiably(front_url):
+    ca = front_ca()
+    if not ca:
+        pytest.skip("plain HTTP front (up.sh's sandbox, vllm_router_front_allow_plaintext); molecule tests TLS")
+    host = container_ip(ROUTER)
+    # Plain HTTP on the TLS port is refused, not served or redirected.
+    status, _headers, body = request(f"http://{host}:8000/v1/models", bearer(secret("client_api_key")))
+    assert status == 400 and b"https" in body, (status, body)
+    # The certificate verifies against the scenario's CA, and only against it.
+    with socket.create_connection((host, 8000), timeout=10) as raw:
+        with ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=host) as tls:
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    with pytest.raises(ssl.SSLCertVerificationError):
+        with socket.create_connection((host, 8000), timeout=10) as raw:
+            ssl.create_default_context().wrap_socket(raw, server_hostname=host)
+
+
+def test_prompts_stay_out_of_the_logs(router_host, client):
+    marker = f"inferops-marker-{int(time.time())}"
+    client.completions.create(model=MODEL, prompt=f"{marker} tells a story about", max_tokens=2, temperature=0)
+    messages = [{"role": "user", "content": f"{marker} says hello"}]
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    journal = router_host.run("journalctl -u vllm-router -u nginx --no-pager -o cat").stdout
+    logs = router_host.run("cat /var/log/nginx/inferops-vllm.access.log /var/log/nginx/inferops-vllm.error.log").stdout
+    assert marker not in journal, journal_tail(router_host, "vllm-router")
+    assert marker not in logs
+    for name in ("client_api_key", "instance_api_key"):
+        assert secret(name) not in journal and secret(name) not in logs, name
 
 
 def test_instances_refuse_direct_requests_without_their_key(prefill_url, decode_url):
