@@ -3,14 +3,28 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Filters that turn the inventory's prefill/decode hosts into the list of their instances.
 
-Documented in pd_instances.yml beside this file.
+Documented in pd_instances.yml and url_host.yml beside this file.
 """
 
 from __future__ import annotations
 
+import ipaddress
+
 from ansible.errors import AnsibleFilterError
 
 PUBLISHED = "__vllm_instance_published"
+
+
+def url_host(host):
+    """The host part of a URL: an IPv6 literal in brackets (fd00::1 -> [fd00::1]), anything else as it is."""
+    text = str(host).strip()
+    if text.startswith("["):
+        return text
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return text
+    return f"[{text}]" if address.version == 6 else text
 
 
 def pd_instances(hostvars, prefill_hosts, decode_hosts):
@@ -32,7 +46,7 @@ def pd_instances(hostvars, prefill_hosts, decode_hosts):
                         "name": inst["name"],
                         "host": host,
                         "role": group,
-                        "url": f"http://{published['address']}:{int(inst['port'])}",
+                        "url": f"http://{url_host(published['address'])}:{int(inst['port'])}",
                         "kv_transfer_port": int(inst["kv_transfer_port"]),
                         "expected": {
                             "kv_cache_dtype": settings.get("kv_cache_dtype", "auto"),
@@ -51,4 +65,4 @@ def pd_instances(hostvars, prefill_hosts, decode_hosts):
 
 class FilterModule:
     def filters(self):
-        return {"pd_instances": pd_instances}
+        return {"pd_instances": pd_instances, "url_host": url_host}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.inferops.vllm.plugins.filter.pd import FilterModule, pd_instances
+from ansible_collections.inferops.vllm.plugins.filter.pd import FilterModule, pd_instances, url_host
 
 
 def published(address, instances, **settings):
@@ -54,3 +56,27 @@ def test_empty_groups_give_an_empty_list():
 
 def test_registered_under_its_name():
     assert FilterModule().filters()["pd_instances"] is pd_instances
+    assert FilterModule().filters()["url_host"] is url_host
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("fd00::1", "[fd00::1]"),
+        ("::1", "[::1]"),
+        ("[fd00::1]", "[fd00::1]"),
+        (" fd00::1 ", "[fd00::1]"),
+        ("10.0.0.11", "10.0.0.11"),
+        ("pd1.example.internal", "pd1.example.internal"),
+    ],
+)
+def test_url_host_brackets_ipv6_literals_only(host, expected):
+    assert url_host(host) == expected
+
+
+def test_ipv6_addresses_are_bracketed_in_urls():
+    hostvars = {"p6": published("fd00::11", [{"name": "prefill-0", "port": 8100, "kv_transfer_port": 5600}])}
+    (inst,) = pd_instances(hostvars, ["p6"], [])
+    assert inst["url"] == "http://[fd00::11]:8100"
+    # What vllm_firewall reads from it (urlsplit) still works.
+    assert urlsplit(inst["url"]).port == 8100 and urlsplit(inst["url"]).hostname == "fd00::11"
