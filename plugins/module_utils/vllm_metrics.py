@@ -8,8 +8,9 @@ Everything here works on text and plain data (no HTTP), so that it can be unit t
 * :func:`parse_metrics` turns Prometheus text into ``(name, labels, value)`` samples;
 * :func:`summarize_instance` reduces a vLLM ``/metrics`` page to the numbers the module reports;
 * :func:`compare_expected` checks the live KV-cache configuration against what was asked for;
-* :func:`evaluate_pd_proof` decides from before/after summaries whether prefill handed the KV of
-  the proof prompts to decode over NIXL;
+* :func:`evaluate_proof_request` decides from the summaries read right before and after one proof
+  request whether prefill handed the KV of its whole prompt to decode over NIXL, and
+  :func:`evaluate_pd_proof` combines the requests into the proof;
 * :func:`redact` / :func:`snippet` keep secrets and long bodies out of messages.
 """
 
@@ -47,7 +48,7 @@ ROUTER_METRICS = {
     "worker_health": "vllm_router_worker_health",
 }
 
-# Counters that the proof compares before and after the proof requests.
+# Counters that the proof compares before and after each proof request.
 PROOF_COUNTERS = (
     "prompt_tokens_local_compute",
     "prompt_tokens_local_cache_hit",
@@ -291,23 +292,41 @@ def compare_expected(name, url, live, expected):
 
 # --------------------------------------------------------------------------- PD proof
 
+# Prompt tokens that decode computes itself for every request even when prefill handed over the KV of
+# the whole prompt: vLLM recomputes the last prompt token, so that it has logits to sample the first
+# output token from.
+RECOMPUTED_PROMPT_TOKENS = 1
+
 
 def _sum(values):
     return sum(v for v in values if v is not None)
 
 
-def evaluate_pd_proof(before, after, roles, requests, prompt_tokens=None):
-    """Decide from metrics deltas whether prefill handed the proof prompts' KV to decode.
-
-    ``before``/``after``: instance name -> ``metrics`` dict of :func:`summarize_samples`;
-    ``roles``: instance name -> ``prefill``/``decode``/``none``; ``requests``: proof requests the
-    router served; ``prompt_tokens``: their total prompt tokens from the responses (None if unknown).
-
-    Returns a dict with the deltas, ``handoff_proven`` and ``problems`` (list of str).
-    Decode may recompute the last prompt token, so up to one local token per request is accepted.
-    """
+def _roles(roles):
     prefill = sorted(n for n, r in roles.items() if r == "prefill")
     decode = sorted(n for n, r in roles.items() if r == "decode")
+    return prefill, decode
+
+
+def evaluate_proof_request(before, after, roles, prompt_tokens=None, number=1, count=1):
+    """Decide whether one proof request's prompt went from prefill to decode by NIXL, in whole.
+
+    ``before``/``after``: instance name -> ``metrics`` dict of :func:`summarize_samples`, read right
+    before the request and after its answer; ``roles``: instance name -> ``prefill``/``decode``/``none``;
+    ``prompt_tokens``: the request's prompt tokens from its response (None if unknown: then the larger
+    of the prompt tokens that decode counted from all sources and that prefill counted stands in);
+    ``number``/``count``: which request of how many, for the messages.
+
+    The deltas are summed over the decode instances and over the prefill instances, since the router
+    may send the request to any of them. The request is handed over when decode received at least its
+    prompt tokens minus :data:`RECOMPUTED_PROMPT_TOKENS` by ``external_kv_transfer``, computed at most
+    :data:`RECOMPUTED_PROMPT_TOKENS` itself, prefill computed (or had cached) at least as many as decode
+    had to receive, NIXL recorded at least one transfer and no failed one.
+
+    Returns a dict with the request's figures, ``handoff_proven`` and ``problems`` (list of str).
+    """
+    prefill, decode = _roles(roles)
+    label = f"request {number} of {count}"
     problems = []
 
     def delta(name, key):
@@ -315,76 +334,135 @@ def evaluate_pd_proof(before, after, roles, requests, prompt_tokens=None):
         new = (after.get(name) or {}).get(key) or 0
         if new < old:
             problems.append(
-                f"instance {name}: {key} went down from {old} to {new} during the proof; was it restarted?"
+                f"{label}: instance {name}: {key} went down from {old} to {new} during the request; was it restarted?"
             )
             return 0
         return new - old
 
     deltas = {n: {key: delta(n, key) for key in PROOF_COUNTERS} for n in prefill + decode}
-    prefill_served = {n: deltas[n]["prompt_tokens_local_compute"] for n in prefill}
+    pd = prefill + decode
+    external = _sum(deltas[n]["prompt_tokens_external_kv_transfer"] for n in decode)
+    local = _sum(deltas[n]["prompt_tokens_local_compute"] for n in decode)
+    cache_hit = _sum(deltas[n]["prompt_tokens_local_cache_hit"] for n in decode)
     prefill_handled = _sum(
         deltas[n]["prompt_tokens_local_compute"] + deltas[n]["prompt_tokens_local_cache_hit"] for n in prefill
     )
-    decode_served = {n: deltas[n]["prompt_tokens_external_kv_transfer"] for n in decode}
-    decode_local = _sum(deltas[n]["prompt_tokens_local_compute"] for n in decode)
-    kv_tokens = _sum(decode_served.values())
-    pd = prefill + decode
-    nixl_transfers = _sum(deltas[n]["nixl_transfers"] for n in pd)
-    nixl_failed = _sum(deltas[n]["nixl_failed_transfers"] for n in pd)
+    transfers = _sum(deltas[n]["nixl_transfers"] for n in pd)
+    failed = _sum(deltas[n]["nixl_failed_transfers"] for n in pd)
+    # Without the response's usage, the prompt is as long as the instances counted it.
+    prompt = prompt_tokens if prompt_tokens is not None else max(external + local + cache_hit, prefill_handled)
+    expected = max(prompt - RECOMPUTED_PROMPT_TOKENS, 1)
 
-    result = {
-        "requests": requests,
+    # Name the decode instances that counted the request, or all of them when none did.
+    counted = [
+        n
+        for n in decode
+        if deltas[n]["prompt_tokens_external_kv_transfer"]
+        or deltas[n]["prompt_tokens_local_compute"]
+        or deltas[n]["prompt_tokens_local_cache_hit"]
+    ]
+    decode_names = ", ".join(counted or decode)
+    prefill_names = ", ".join(prefill)
+    of_prompt = (
+        f"{prompt_tokens} prompt tokens"
+        if prompt_tokens is not None
+        else f"{prompt} prompt tokens as the instances counted them; the response reported no usage"
+    )
+
+    if external < expected or local > RECOMPUTED_PROMPT_TOKENS:
+        reasons = []
+        if external <= 0:
+            reasons.append(f"no KV arrived by external_kv_transfer on decode ({decode_names})")
+        elif external < expected:
+            reasons.append("only part of the prompt's KV was handed over")
+        if local > RECOMPUTED_PROMPT_TOKENS:
+            reasons.append(
+                f"the prompt was recomputed on decode instead of received from prefill "
+                f"(at most {RECOMPUTED_PROMPT_TOKENS} local token per request is expected)"
+            )
+        cached = f", found {cache_hit} in its own prefix cache" if cache_hit else ""
+        problems.append(
+            f"{label} ({of_prompt}): decode ({decode_names}) received {external} of {expected} expected prompt "
+            f"tokens by NIXL (external_kv_transfer), computed {local} itself{cached}: " + "; ".join(reasons)
+        )
+    if prefill_handled < expected:
+        problems.append(
+            f"{label} ({of_prompt}): prefill ({prefill_names}) computed {prefill_handled} prompt tokens "
+            f"(at least {expected} expected): the prompt did not go through prefill"
+        )
+    if transfers <= 0:
+        problems.append(
+            f"{label}: NIXL recorded no transfer ({NIXL_XFER_COUNT} did not grow on {', '.join(pd)})"
+            + (f" although decode received {external} prompt tokens by external_kv_transfer" if external > 0 else "")
+        )
+    if failed > 0:
+        grew = ", ".join(f"{n} +{deltas[n]['nixl_failed_transfers']}" for n in pd if deltas[n]["nixl_failed_transfers"])
+        problems.append(f"{label}: NIXL failed transfers grew ({grew})")
+
+    return {
+        "request": number,
         "prompt_tokens": prompt_tokens,
-        "prefill_served": prefill_served,
-        "decode_served": decode_served,
-        "decode_local_compute_tokens": decode_local,
-        "kv_tokens_transferred": kv_tokens,
-        "nixl_transfers": nixl_transfers,
-        "nixl_failed_transfers": nixl_failed,
+        "kv_tokens_expected": expected,
+        "kv_tokens_transferred": external,
+        "decode_local_compute_tokens": local,
+        "prefill_served": {n: deltas[n]["prompt_tokens_local_compute"] for n in prefill},
+        "decode_served": {n: deltas[n]["prompt_tokens_external_kv_transfer"] for n in decode},
+        "nixl_transfers": transfers,
+        "nixl_failed_transfers": failed,
         "nixl_bytes_transferred": _sum(deltas[n]["nixl_bytes_transferred"] for n in pd),
         "nixl_xfer_time_seconds": round(_sum(deltas[n]["nixl_xfer_time_seconds"] for n in pd), 6),
+        "handoff_proven": not problems,
+        "problems": problems,
     }
 
+
+def evaluate_pd_proof(per_request, roles):
+    """Combine the evaluations of the proof requests (:func:`evaluate_proof_request`) into the proof.
+
+    The handoff is proven only when there is at least one prefill and one decode instance, at least one
+    evaluated request, and every request on its own was handed over; totals cannot hide a request that
+    decode computed itself.
+
+    Returns a dict with the totals over the requests, ``per_request`` (the requests' figures, without
+    their problems), ``handoff_proven`` and ``problems`` (list of str).
+    """
+    prefill, decode = _roles(roles)
+    problems = []
     if not prefill:
         problems.append("the PD proof needs at least one instance with role prefill")
     if not decode:
         problems.append("the PD proof needs at least one instance with role decode")
-    if not requests:
+    if not per_request:
         problems.append("no proof request was served through the router, so the prefill/decode handoff is unproven")
     elif prefill and decode:
-        decode_names = ", ".join(decode)
-        prefill_names = ", ".join(prefill)
-        of_prompt = f" of {prompt_tokens} prompt tokens" if prompt_tokens is not None else ""
-        if kv_tokens <= 0:
-            problems.append(
-                f"{requests} request(s){of_prompt} were served through the router but no KV arrived by "
-                f"external_kv_transfer on decode ({decode_names}): decode computed {decode_local} prompt tokens "
-                f"locally, prefill ({prefill_names}) computed {prefill_handled}"
-            )
-        if decode_local > requests:
-            problems.append(
-                f"decode ({decode_names}) computed {decode_local} prompt tokens locally for {requests} request(s)"
-                f"{of_prompt} (at most one per request is expected): the prompts were recomputed on decode "
-                f"instead of received from prefill"
-            )
-        needed = max(prompt_tokens - requests, 1) if prompt_tokens is not None else requests
-        if prefill_handled < needed:
-            problems.append(
-                f"prefill ({prefill_names}) computed {prefill_handled} prompt tokens for {requests} request(s)"
-                f"{of_prompt} (at least {needed} expected): the prompts did not go through prefill"
-            )
-        if kv_tokens > 0 and nixl_transfers <= 0:
-            problems.append(
-                f"decode received {kv_tokens} prompt tokens by external_kv_transfer but NIXL recorded no "
-                f"transfer ({NIXL_XFER_COUNT} did not grow)"
-            )
-    if nixl_failed > 0:
-        grew = ", ".join(f"{n} +{deltas[n]['nixl_failed_transfers']}" for n in pd if deltas[n]["nixl_failed_transfers"])
-        problems.append(f"NIXL failed transfers grew during the proof ({grew})")
+        for item in per_request:
+            problems.extend(item["problems"])
 
-    result["handoff_proven"] = not problems
-    result["problems"] = problems
-    return result
+    def total(key):
+        return _sum(item[key] for item in per_request)
+
+    def per_instance(key, names):
+        return {n: _sum(item[key].get(n) for item in per_request) for n in names}
+
+    return {
+        "requests": len(per_request),
+        "prompt_tokens": (
+            total("prompt_tokens")
+            if per_request and all(item["prompt_tokens"] is not None for item in per_request)
+            else None
+        ),
+        "prefill_served": per_instance("prefill_served", prefill),
+        "decode_served": per_instance("decode_served", decode),
+        "decode_local_compute_tokens": total("decode_local_compute_tokens"),
+        "kv_tokens_transferred": total("kv_tokens_transferred"),
+        "nixl_transfers": total("nixl_transfers"),
+        "nixl_failed_transfers": total("nixl_failed_transfers"),
+        "nixl_bytes_transferred": total("nixl_bytes_transferred"),
+        "nixl_xfer_time_seconds": round(total("nixl_xfer_time_seconds"), 6),
+        "per_request": [{k: v for k, v in item.items() if k != "problems"} for item in per_request],
+        "handoff_proven": not problems,
+        "problems": problems,
+    }
 
 
 def router_deltas(before, after):

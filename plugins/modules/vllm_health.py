@@ -15,9 +15,10 @@ description:
     of C(/metrics)) against what was asked for.
   - Checks the router (for example vllm-router in PD mode, or the nginx front in front of it) the same way
     when O(router_url) is set.
-  - With O(pd_proof), sends O(proof_requests) completions through the router and proves from the
-    instances' metric deltas that prefill computed the prompts and decode received their KV by NIXL
-    (C(vllm:prompt_tokens_by_source_total{source="external_kv_transfer"})) instead of recomputing it.
+  - With O(pd_proof), sends O(proof_requests) completions through the router, one after the other, and proves
+    from the instances' metric deltas around each request that prefill computed its prompt and decode received
+    the KV of the whole prompt by NIXL (C(vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}))
+    instead of recomputing it. Every request must be handed over on its own; totals over the requests are not enough.
   - Collects every problem of every instance and fails once, with all problems and the partial results.
   - "Run it where the URLs are reachable, usually on the controller (C(delegate_to: localhost) and C(run_once: true))."
 author:
@@ -147,14 +148,19 @@ options:
       - Whether to prove the prefill/decode handoff with proof requests through O(router_url).
       - Defaults to V(true) when O(router_url) is set, V(false) otherwise. V(true) needs O(router_url) and at least
         one V(prefill) and one V(decode) instance.
-      - The proof fails when requests were served but no KV arrived by external transfer on decode,
-        when decode computed the prompts locally (more than one token per request), when prefill did not
-        compute them, when NIXL recorded no transfer, or when NIXL failed transfers grew.
+      - The metrics are read right before and after each proof request, and the deltas are summed over the
+        prefill instances and over the decode instances (the router may pick any of them).
+      - The proof fails when a proof request failed or none was served, or when for any one request decode
+        received fewer than its prompt tokens minus one by external KV transfer (vLLM always recomputes the
+        last prompt token on decode), decode computed more than one of its prompt tokens itself, prefill did
+        not compute the prompt, NIXL recorded no transfer, or NIXL failed transfers grew.
+      - Each problem names the request and its figures, for example that decode received 29 of 86 expected
+        prompt tokens of request 2 of 3 by NIXL and computed 58 itself.
       - The metrics deltas include any other traffic the instances serve meanwhile, so run it on a quiet service.
     type: bool
   proof_requests:
     description:
-      - Number of proof completions, sent one after the other.
+      - Number of proof completions, sent one after the other. Each one is judged on its own.
     type: int
     default: 3
   proof_prompt:
@@ -174,13 +180,13 @@ options:
   proof_settle_timeout:
     description:
       - vLLM updates some counters (the NIXL ones in particular) a moment after it answers.
-        After the proof requests, the metrics are read again every second for up to this many seconds
-        until they show the handoff.
+        After each proof request, the metrics are read again every second for up to this many seconds
+        until they show that request's handoff, so a failing proof takes up to this long per request.
     type: int
     default: 10
 notes:
   - The PD proof reads the counters C(vllm:prompt_tokens_by_source_total), C(vllm:nixl_xfer_time_seconds),
-    C(vllm:nixl_bytes_transferred) and C(vllm:nixl_num_failed_transfers_total) before and after the proof requests.
+    C(vllm:nixl_bytes_transferred) and C(vllm:nixl_num_failed_transfers_total) before and after each proof request.
     NIXL counters that vLLM has not created yet count as 0.
   - Response bodies appear in messages only as short, redacted excerpts.
 seealso:
@@ -377,7 +383,7 @@ proof:
       type: int
       sample: 0
     prompt_tokens:
-      description: Total prompt tokens of the served requests (from their C(usage)), V(null) if not reported.
+      description: Total prompt tokens of the served requests (from their C(usage)), V(null) if not reported for all.
       type: int
       sample: 111
     completion_tokens:
@@ -393,43 +399,107 @@ proof:
       type: float
       sample: 6.412
     prefill_served:
-      description: Instance name to prompt tokens it computed during the proof, for each prefill instance.
+      description: >-
+        Instance name to prompt tokens it computed during the served proof requests, for each prefill instance.
       type: dict
       sample: {"prefill-0": 111}
     decode_served:
-      description: Instance name to prompt tokens it received by external KV transfer, for each decode instance.
+      description: >-
+        Instance name to prompt tokens it received by external KV transfer during the served proof requests,
+        for each decode instance.
       type: dict
-      sample: {"decode-0": 111}
+      sample: {"decode-0": 108}
     decode_local_compute_tokens:
-      description: Prompt tokens the decode instances computed themselves (up to one per request is normal).
+      description: Prompt tokens the decode instances computed themselves (one per request is normal).
       type: int
-      sample: 0
+      sample: 3
     kv_tokens_transferred:
       description: Prompt tokens all decode instances received by external KV transfer.
       type: int
-      sample: 111
+      sample: 108
     nixl_transfers:
-      description: NIXL transfers during the proof.
+      description: NIXL transfers during the served proof requests.
       type: int
       sample: 3
     nixl_failed_transfers:
-      description: NIXL failed transfers during the proof.
+      description: NIXL failed transfers during the served proof requests.
       type: int
       sample: 0
     nixl_bytes_transferred:
-      description: Bytes NIXL moved during the proof.
+      description: Bytes NIXL moved during the served proof requests.
       type: int
       sample: 8847360
     nixl_xfer_time_seconds:
-      description: Time NIXL spent transferring during the proof.
+      description: Time NIXL spent transferring during the served proof requests.
       type: float
       sample: 0.071
+    per_request:
+      description: >-
+        The figures of each served proof request, from the metrics read right before it and after its answer,
+        summed over the prefill and over the decode instances. The proof needs every one of them handed over.
+      type: list
+      elements: dict
+      contains:
+        request:
+          description: Number of the request, from 1 to O(proof_requests).
+          type: int
+          sample: 2
+        prompt_tokens:
+          description: Prompt tokens of the request from its C(usage), V(null) if not reported.
+          type: int
+          sample: 37
+        kv_tokens_expected:
+          description: >-
+            Prompt tokens decode had to receive by external KV transfer: the prompt tokens minus the one
+            that vLLM always recomputes on decode (without C(usage), the prompt as the instances counted it).
+          type: int
+          sample: 36
+        kv_tokens_transferred:
+          description: Prompt tokens the decode instances received by external KV transfer for the request.
+          type: int
+          sample: 36
+        decode_local_compute_tokens:
+          description: Prompt tokens the decode instances computed themselves for the request (at most one passes).
+          type: int
+          sample: 1
+        prefill_served:
+          description: Instance name to prompt tokens it computed for the request, for each prefill instance.
+          type: dict
+          sample: {"prefill-0": 37}
+        decode_served:
+          description: >-
+            Instance name to prompt tokens it received by external KV transfer for the request,
+            for each decode instance.
+          type: dict
+          sample: {"decode-0": 36}
+        nixl_transfers:
+          description: NIXL transfers for the request (at least one is needed).
+          type: int
+          sample: 1
+        nixl_failed_transfers:
+          description: NIXL failed transfers for the request (none is allowed).
+          type: int
+          sample: 0
+        nixl_bytes_transferred:
+          description: Bytes NIXL moved for the request.
+          type: int
+          sample: 2949120
+        nixl_xfer_time_seconds:
+          description: Time NIXL spent transferring for the request.
+          type: float
+          sample: 0.024
+        handoff_proven:
+          description: Whether the request's metrics show that prefill handed its whole prompt's KV to decode over NIXL.
+          type: bool
+          sample: true
     router_requests:
       description: Growth of the router's PD request counters, V(null) without O(router_metrics_url).
       type: dict
       sample: {"pd_prefill_requests": 3, "pd_decode_requests": 3}
     handoff_proven:
-      description: Whether the metrics prove that prefill handed the prompts' KV to decode over NIXL.
+      description: >-
+        Whether every proof request was served and its metrics prove that prefill handed the KV of its whole
+        prompt to decode over NIXL.
       type: bool
       sample: true
 problems:
@@ -453,6 +523,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.vllm_metrics import 
     MetricsError,
     compare_expected,
     evaluate_pd_proof,
+    evaluate_proof_request,
     redact,
     redact_data,
     router_deltas,
@@ -766,12 +837,27 @@ class VllmHealth:
             metrics[inst["name"]] = summary["metrics"]
         return metrics
 
+    def settled_request(self, pd, roles, before, prompt_tokens, number, count):
+        """Evaluation of one proof request, reading the metrics again until they show its handoff.
+
+        vLLM updates some counters (the NIXL ones in particular) a moment after it answers, so the
+        metrics are read every second for up to proof_settle_timeout seconds. None if a read failed.
+        """
+        deadline = time.monotonic() + self.params["proof_settle_timeout"]
+        while True:
+            after = self.snapshot(pd)
+            if after is None:
+                return None
+            evaluation = evaluate_proof_request(before, after, roles, prompt_tokens, number, count)
+            remaining = deadline - time.monotonic()
+            if evaluation["handoff_proven"] or remaining <= 0:
+                return evaluation
+            time.sleep(min(1.0, remaining))
+
     def prove_handoff(self):
+        """Send the proof requests one after the other and judge each from its own metrics deltas."""
         pd = [inst for inst in self.instances if inst["role"] in ("prefill", "decode")]
         roles = {inst["name"]: inst["role"] for inst in pd}
-        before = self.snapshot(pd)
-        if before is None:
-            return None
         router_before = self.router_metrics()
 
         url = f"{self.router_url}/v1/completions"
@@ -782,7 +868,12 @@ class VllmHealth:
         usage_known = True
         seconds = []
         sample_text = None
+        evaluations = []
         for number in range(1, count + 1):
+            # Read right before each request, so that its deltas are its own.
+            before = self.snapshot(pd)
+            if before is None:
+                return None
             body = dict(
                 model=self.params["model"],
                 prompt=f"[proof {tag} {number}/{count}] {self.params['proof_prompt']}",
@@ -812,33 +903,24 @@ class VllmHealth:
             if sample_text is None:
                 sample_text = text
             usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+            request_prompt_tokens = None
             if isinstance(usage.get("prompt_tokens"), int) and isinstance(usage.get("completion_tokens"), int):
+                request_prompt_tokens = usage["prompt_tokens"]
                 prompt_tokens += usage["prompt_tokens"]
                 completion_tokens += usage["completion_tokens"]
             else:
                 usage_known = False
+            evaluation = self.settled_request(pd, roles, before, request_prompt_tokens, number, count)
+            if evaluation is None:
+                return None
+            evaluations.append(evaluation)
 
-        evaluation = None
-        if served:
-            deadline = time.monotonic() + self.params["proof_settle_timeout"]
-            while True:
-                after = self.snapshot(pd)
-                if after is None:
-                    return None
-                evaluation = evaluate_pd_proof(
-                    before, after, roles, served, prompt_tokens if usage_known else None
-                )
-                remaining = deadline - time.monotonic()
-                if evaluation["handoff_proven"] or remaining <= 0:
-                    break
-                time.sleep(min(1.0, remaining))
-        else:
-            evaluation = evaluate_pd_proof(before, before, roles, 0, None)
+        proof = evaluate_pd_proof(evaluations, roles)
         router_after = self.router_metrics() if router_before is not None else None
 
-        for msg in evaluation.pop("problems"):
+        for msg in proof.pop("problems"):
             self.problem(f"PD proof: {msg}")
-        evaluation.update(
+        proof.update(
             requests=served,
             requests_failed=failed,
             prompt_tokens=prompt_tokens if served and usage_known else None,
@@ -847,8 +929,8 @@ class VllmHealth:
             mean_request_seconds=round(sum(seconds) / len(seconds), 3) if seconds else None,
             router_requests=router_deltas(router_before, router_after),
         )
-        evaluation["handoff_proven"] = evaluation["handoff_proven"] and failed == 0
-        return evaluation
+        proof["handoff_proven"] = proof["handoff_proven"] and failed == 0
+        return proof
 
     # ----------------------------------------------------------------------- run
 

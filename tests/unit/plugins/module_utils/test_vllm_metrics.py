@@ -233,6 +233,7 @@ def test_version_matches(expected, live, ok):
 
 ROLES = {"prefill-0": "prefill", "decode-0": "decode"}
 PROMPT = 30  # prompt tokens per proof request
+R = vm.RECOMPUTED_PROMPT_TOKENS
 
 
 def _bump(metrics, **deltas):
@@ -247,134 +248,332 @@ def before(prefill, decode):
     return {"prefill-0": prefill["metrics"], "decode-0": decode["metrics"]}
 
 
-def handoff(before, requests=3, decode_local=0, failed=0):
-    tokens = PROMPT * requests
-    return {
-        "prefill-0": _bump(before["prefill-0"], prompt_tokens_local_compute=tokens),
-        "decode-0": _bump(
-            before["decode-0"],
-            prompt_tokens_external_kv_transfer=tokens - decode_local,
-            prompt_tokens_local_compute=decode_local,
-            nixl_transfers=requests,
-            nixl_bytes_transferred=983040 * requests,
-            nixl_xfer_time_seconds=0.02 * requests,
-            nixl_failed_transfers=failed,
-        ),
-    }
+def serve(
+    before,
+    prompt=PROMPT,
+    external=None,
+    local=None,
+    cache_hit=0,
+    prefilled=None,
+    transfers=1,
+    failed=0,
+    decode="decode-0",
+    prefill="prefill-0",
+):
+    """The metrics after one request of ``prompt`` tokens; by default a full handoff (decode recomputes R)."""
+    external = prompt - R if external is None else external
+    local = prompt - external - cache_hit if local is None else local
+    after = copy.deepcopy(before)
+    after[prefill] = _bump(before[prefill], prompt_tokens_local_compute=prompt if prefilled is None else prefilled)
+    after[decode] = _bump(
+        before[decode],
+        prompt_tokens_external_kv_transfer=external,
+        prompt_tokens_local_compute=local,
+        prompt_tokens_local_cache_hit=cache_hit,
+        nixl_transfers=transfers,
+        nixl_bytes_transferred=983040 * transfers,
+        nixl_xfer_time_seconds=0.02 * transfers,
+        nixl_failed_transfers=failed,
+    )
+    return after
 
 
-def test_proof_handoff_ok(before):
-    result = vm.evaluate_pd_proof(before, handoff(before), ROLES, 3, 3 * PROMPT)
+def run_proof(before, requests, roles=None, usage=True):
+    """Evaluate ``requests`` (keyword arguments of :func:`serve`) one after the other, as the module does."""
+    roles = roles or ROLES
+    evaluations = []
+    for number, kwargs in enumerate(requests, start=1):
+        after = serve(before, **kwargs)
+        prompt = kwargs.get("prompt", PROMPT) if usage else None
+        evaluations.append(vm.evaluate_proof_request(before, after, roles, prompt, number, len(requests)))
+        before = after
+    return vm.evaluate_pd_proof(evaluations, roles)
+
+
+def test_request_full_handoff(before):
+    result = vm.evaluate_proof_request(before, serve(before), ROLES, PROMPT, 1, 3)
     assert result["problems"] == []
     assert result["handoff_proven"] is True
-    assert result["prefill_served"] == {"prefill-0": 90}
-    assert result["decode_served"] == {"decode-0": 90}
-    assert result["kv_tokens_transferred"] == 90
-    assert result["decode_local_compute_tokens"] == 0
-    assert result["nixl_transfers"] == 3
-    assert result["nixl_bytes_transferred"] == 3 * 983040
-    assert result["nixl_xfer_time_seconds"] == pytest.approx(0.06)
+    assert result["request"] == 1
+    assert result["prompt_tokens"] == PROMPT
+    assert result["kv_tokens_expected"] == PROMPT - R
+    assert result["kv_tokens_transferred"] == PROMPT - R
+    assert result["decode_local_compute_tokens"] == R
+    assert result["prefill_served"] == {"prefill-0": PROMPT}
+    assert result["decode_served"] == {"decode-0": PROMPT - R}
+    assert result["nixl_transfers"] == 1
     assert result["nixl_failed_transfers"] == 0
+    assert result["nixl_bytes_transferred"] == 983040
+    assert result["nixl_xfer_time_seconds"] == pytest.approx(0.02)
 
 
-def test_proof_accepts_one_recomputed_token_per_request(before):
-    result = vm.evaluate_pd_proof(before, handoff(before, decode_local=3), ROLES, 3, 3 * PROMPT)
+def test_request_whole_prompt_received(before):
+    result = vm.evaluate_proof_request(before, serve(before, external=PROMPT), ROLES, PROMPT)
     assert result["handoff_proven"] is True, result["problems"]
-    assert result["decode_local_compute_tokens"] == 3
+    assert result["decode_local_compute_tokens"] == 0
 
 
-def test_proof_without_prompt_token_count(before):
-    assert vm.evaluate_pd_proof(before, handoff(before), ROLES, 3, None)["handoff_proven"] is True
-
-
-def test_proof_served_without_handoff(before):
-    # The router sent the requests straight to decode, which computed them itself.
-    after = {
-        "prefill-0": before["prefill-0"],
-        "decode-0": _bump(before["decode-0"], prompt_tokens_local_compute=90),
-    }
-    result = vm.evaluate_pd_proof(before, after, ROLES, 3, 90)
+def test_request_partial_handoff_recomputed_on_decode(before):
+    result = vm.evaluate_proof_request(before, serve(before, external=10), ROLES, PROMPT, 2, 3)
     assert result["handoff_proven"] is False
-    text = " | ".join(result["problems"])
-    assert "no KV arrived by external_kv_transfer on decode (decode-0)" in text
-    assert "recomputed on decode" in text
-    assert "did not go through prefill" in text
-    assert result["kv_tokens_transferred"] == 0
-    assert result["decode_local_compute_tokens"] == 90
+    assert result["kv_tokens_transferred"] == 10
+    assert result["decode_local_compute_tokens"] == PROMPT - 10
+    assert result["problems"] == [
+        f"request 2 of 3 ({PROMPT} prompt tokens): decode (decode-0) received 10 of {PROMPT - R} expected prompt "
+        f"tokens by NIXL (external_kv_transfer), computed {PROMPT - 10} itself: only part of the prompt's KV was "
+        f"handed over; the prompt was recomputed on decode instead of received from prefill "
+        f"(at most {R} local token per request is expected)"
+    ]
 
 
-def test_proof_decode_recomputed_after_prefill(before):
-    after = {
-        "prefill-0": _bump(before["prefill-0"], prompt_tokens_local_compute=90),
-        "decode-0": _bump(before["decode-0"], prompt_tokens_local_compute=90),
-    }
-    result = vm.evaluate_pd_proof(before, after, ROLES, 3, 90)
+def test_request_partial_handoff_rest_from_decode_cache(before):
+    # Decode computed only the last token but took the rest from its own prefix cache, not from prefill.
+    after = serve(before, external=10, local=R, cache_hit=PROMPT - 10 - R)
+    result = vm.evaluate_proof_request(before, after, ROLES, PROMPT, 1, 1)
     assert result["handoff_proven"] is False
-    assert any("computed 90 prompt tokens locally" in p for p in result["problems"])
-    assert not any("did not go through prefill" in p for p in result["problems"])
+    assert len(result["problems"]) == 1
+    assert f"received 10 of {PROMPT - R} expected" in result["problems"][0]
+    assert f"found {PROMPT - 10 - R} in its own prefix cache" in result["problems"][0]
+    assert "only part of the prompt's KV was handed over" in result["problems"][0]
 
 
-def test_proof_partly_recomputed_is_a_failure(before):
-    result = vm.evaluate_pd_proof(before, handoff(before, decode_local=30), ROLES, 3, 90)
+def test_request_one_token_short_is_a_failure(before):
+    after = serve(before, external=PROMPT - R - 1, local=R, cache_hit=1)
+    assert vm.evaluate_proof_request(before, after, ROLES, PROMPT)["handoff_proven"] is False
+
+
+def test_request_two_recomputed_tokens_are_a_failure(before):
+    after = serve(before, external=PROMPT - R, local=R + 1)
+    result = vm.evaluate_proof_request(before, after, ROLES, PROMPT)
     assert result["handoff_proven"] is False
     assert any("recomputed on decode" in p for p in result["problems"])
 
 
-def test_proof_nixl_failure_grew(before):
-    result = vm.evaluate_pd_proof(before, handoff(before, failed=1), ROLES, 3, 90)
+def test_request_served_without_handoff(before):
+    # The router sent the request straight to decode, which computed it itself.
+    after = serve(before, external=0, prefilled=0, transfers=0)
+    result = vm.evaluate_proof_request(before, after, ROLES, PROMPT, 3, 3)
     assert result["handoff_proven"] is False
-    assert result["nixl_failed_transfers"] == 1
-    assert any("NIXL failed transfers grew" in p and "decode-0 +1" in p for p in result["problems"])
+    text = " | ".join(result["problems"])
+    assert f"request 3 of 3 ({PROMPT} prompt tokens): decode (decode-0) received 0 of {PROMPT - R}" in text
+    assert "no KV arrived by external_kv_transfer on decode (decode-0)" in text
+    assert "recomputed on decode" in text
+    assert "request 3 of 3" in text and "did not go through prefill" in text
+    assert "request 3 of 3: NIXL recorded no transfer" in text
+    assert result["kv_tokens_transferred"] == 0
+    assert result["decode_local_compute_tokens"] == PROMPT
 
 
-def test_proof_kv_without_nixl_transfer_is_not_proven(before):
-    after = handoff(before)
-    after["decode-0"]["nixl_transfers"] = before["decode-0"]["nixl_transfers"]
-    result = vm.evaluate_pd_proof(before, after, ROLES, 3, 90)
+def test_request_decode_recomputed_after_prefill(before):
+    after = serve(before, external=0, transfers=0)
+    result = vm.evaluate_proof_request(before, after, ROLES, PROMPT)
     assert result["handoff_proven"] is False
-    assert any("NIXL recorded no transfer" in p for p in result["problems"])
+    assert any(f"computed {PROMPT} itself" in p for p in result["problems"])
+    assert not any("did not go through prefill" in p for p in result["problems"])
 
 
-def test_proof_no_requests(before):
-    result = vm.evaluate_pd_proof(before, before, ROLES, 0, None)
+def test_request_without_nixl_transfer_is_not_proven(before):
+    result = vm.evaluate_proof_request(before, serve(before, transfers=0), ROLES, PROMPT, 1, 2)
     assert result["handoff_proven"] is False
     assert result["problems"] == [
-        "no proof request was served through the router, so the prefill/decode handoff is unproven"
+        "request 1 of 2: NIXL recorded no transfer (vllm:nixl_xfer_time_seconds_count did not grow on prefill-0, "
+        f"decode-0) although decode received {PROMPT - R} prompt tokens by external_kv_transfer"
     ]
 
 
-def test_proof_counter_going_down_means_restart(before):
-    after = handoff(before)
+def test_request_nixl_failure_grew(before):
+    result = vm.evaluate_proof_request(before, serve(before, failed=1), ROLES, PROMPT)
+    assert result["handoff_proven"] is False
+    assert result["nixl_failed_transfers"] == 1
+    assert result["problems"] == ["request 1 of 1: NIXL failed transfers grew (decode-0 +1)"]
+
+
+def test_request_not_prefilled(before):
+    result = vm.evaluate_proof_request(before, serve(before, prefilled=3), ROLES, PROMPT)
+    assert result["handoff_proven"] is False
+    assert any(
+        "prefill (prefill-0) computed 3 prompt tokens" in p and "did not go through prefill" in p
+        for p in result["problems"]
+    )
+
+
+def test_request_counter_going_down_means_restart(before):
+    after = serve(before)
     after["decode-0"]["prompt_tokens_local_compute"] = 0
-    result = vm.evaluate_pd_proof(before, after, ROLES, 3, 90)
-    assert any("decode-0" in p and "restarted" in p for p in result["problems"])
+    result = vm.evaluate_proof_request(before, after, ROLES, PROMPT, 2, 3)
+    assert result["handoff_proven"] is False
+    assert any(p.startswith("request 2 of 3: instance decode-0") and "restarted" in p for p in result["problems"])
 
 
-def test_proof_needs_both_roles(before):
-    result = vm.evaluate_pd_proof({"d": before["decode-0"]}, {"d": before["decode-0"]}, {"d": "decode"}, 3, 90)
-    assert "the PD proof needs at least one instance with role prefill" in result["problems"]
+def test_request_without_usage_uses_the_instances_counts(before):
+    assert vm.evaluate_proof_request(before, serve(before), ROLES, None)["handoff_proven"] is True
+    # Without usage a partial handoff still fails: the prompt is as long as the instances counted it.
+    after = serve(before, external=10, local=R, cache_hit=PROMPT - 10 - R)
+    result = vm.evaluate_proof_request(before, after, ROLES, None)
+    assert result["handoff_proven"] is False
+    assert result["prompt_tokens"] is None
+    assert result["kv_tokens_expected"] == PROMPT - R
+    assert "the response reported no usage" in result["problems"][0]
+    # Decode counted nothing at all: prefill's count stands in.
+    after = serve(before, external=0, local=0, transfers=0)
+    result = vm.evaluate_proof_request(before, after, ROLES, None)
+    assert result["handoff_proven"] is False
+    assert result["kv_tokens_expected"] == PROMPT - R
 
 
-def test_proof_with_absent_nixl_counters_before(before):
+def test_request_with_absent_nixl_counters_before(before):
     # Before the first transfer vLLM has not created the NIXL counters: summaries give 0, so the delta is whole.
     before = copy.deepcopy(before)
     before["decode-0"].update(nixl_transfers=0, nixl_bytes_transferred=0, nixl_xfer_time_seconds=0.0)
-    after = handoff(before, requests=1)
-    result = vm.evaluate_pd_proof(before, after, ROLES, 1, 30)
+    result = vm.evaluate_proof_request(before, serve(before), ROLES, PROMPT)
     assert result["handoff_proven"] is True
     assert result["nixl_transfers"] == 1
 
 
-def test_proof_with_two_decode_instances(before):
+def test_request_on_the_second_decode_instance(before):
     roles = dict(ROLES, **{"decode-1": "decode"})
     before = dict(before, **{"decode-1": copy.deepcopy(before["decode-0"])})
-    after = handoff(before, requests=2)
-    after["decode-1"] = _bump(before["decode-1"], prompt_tokens_external_kv_transfer=30, nixl_transfers=1)
-    after["prefill-0"] = _bump(before["prefill-0"], prompt_tokens_local_compute=90)
-    result = vm.evaluate_pd_proof(before, after, roles, 3, 90)
+    result = vm.evaluate_proof_request(before, serve(before, decode="decode-1"), roles, PROMPT)
     assert result["handoff_proven"] is True, result["problems"]
-    assert result["decode_served"] == {"decode-0": 60, "decode-1": 30}
-    assert result["kv_tokens_transferred"] == 90
+    assert result["decode_served"] == {"decode-0": 0, "decode-1": PROMPT - R}
+    # Partial on decode-1: the message names the instance that served it.
+    result = vm.evaluate_proof_request(before, serve(before, decode="decode-1", external=5), roles, PROMPT)
+    assert result["handoff_proven"] is False
+    assert "decode (decode-1) received 5 of" in result["problems"][0]
+
+
+def test_request_split_over_two_decode_instances_is_summed(before):
+    # The deltas of a request are summed over the decode instances (for example with several engines behind one).
+    roles = dict(ROLES, **{"decode-1": "decode"})
+    before = dict(before, **{"decode-1": copy.deepcopy(before["decode-0"])})
+    after = serve(before, external=10, local=0, transfers=1)
+    after["decode-1"] = _bump(
+        before["decode-1"], prompt_tokens_external_kv_transfer=PROMPT - R - 10, prompt_tokens_local_compute=R
+    )
+    result = vm.evaluate_proof_request(before, after, roles, PROMPT)
+    assert result["handoff_proven"] is True, result["problems"]
+    assert result["kv_tokens_transferred"] == PROMPT - R
+
+
+def test_proof_every_request_handed_over(before):
+    result = run_proof(before, [{}, {}, {"external": PROMPT}])
+    assert result["problems"] == []
+    assert result["handoff_proven"] is True
+    assert result["requests"] == 3
+    assert result["prompt_tokens"] == 3 * PROMPT
+    assert result["prefill_served"] == {"prefill-0": 3 * PROMPT}
+    assert result["decode_served"] == {"decode-0": 3 * PROMPT - 2 * R}
+    assert result["kv_tokens_transferred"] == 3 * PROMPT - 2 * R
+    assert result["decode_local_compute_tokens"] == 2 * R
+    assert result["nixl_transfers"] == 3
+    assert result["nixl_bytes_transferred"] == 3 * 983040
+    assert result["nixl_xfer_time_seconds"] == pytest.approx(0.06)
+    assert result["nixl_failed_transfers"] == 0
+    assert [item["request"] for item in result["per_request"]] == [1, 2, 3]
+    assert all(item["handoff_proven"] for item in result["per_request"])
+    assert all("problems" not in item for item in result["per_request"])
+
+
+def test_proof_one_request_handed_over_for_three_is_a_failure(before):
+    # The issue's case: decode received 29 of 87 prompt tokens with 1 NIXL transfer for 3 requests; the other two
+    # prompts were computed by prefill but decode took them from elsewhere (here its own cache) with no transfer.
+    prompt = 29
+    untransferred = {"prompt": prompt, "external": 0, "local": R, "cache_hit": prompt - R, "transfers": 0}
+    result = run_proof(before, [{"prompt": prompt, "external": prompt, "local": 0}, untransferred, untransferred])
+    assert result["prompt_tokens"] == 87 and result["kv_tokens_transferred"] == 29 and result["nixl_transfers"] == 1
+    assert result["decode_local_compute_tokens"] <= result["requests"]  # the totals alone looked fine
+    assert result["handoff_proven"] is False
+    assert [item["handoff_proven"] for item in result["per_request"]] == [True, False, False]
+    text = " | ".join(result["problems"])
+    assert "request 1 of 3" not in text
+    for number in (2, 3):
+        assert (
+            f"request {number} of 3 ({prompt} prompt tokens): decode (decode-0) received 0 of {prompt - R} expected "
+            f"prompt tokens by NIXL (external_kv_transfer), computed {R} itself, found {prompt - R} in its own "
+            "prefix cache: no KV arrived by external_kv_transfer on decode (decode-0)"
+        ) in text
+        assert f"request {number} of 3: NIXL recorded no transfer" in text
+
+
+def test_proof_partial_handoffs_with_one_transfer_are_a_failure(before):
+    # 29 of 87 prompt tokens by NIXL spread over the 3 requests, 1 transfer in all, the rest computed on decode.
+    prompt = 29
+    requests = [
+        {"prompt": prompt, "external": 10, "transfers": 1},
+        {"prompt": prompt, "external": 10, "transfers": 0},
+        {"prompt": prompt, "external": 9, "transfers": 0},
+    ]
+    result = run_proof(before, requests)
+    assert result["kv_tokens_transferred"] == 29 and result["nixl_transfers"] == 1
+    assert result["handoff_proven"] is False
+    assert all(item["handoff_proven"] is False for item in result["per_request"])
+    assert (
+        f"request 1 of 3 ({prompt} prompt tokens): decode (decode-0) received 10 of {prompt - R} expected prompt "
+        f"tokens by NIXL (external_kv_transfer), computed {prompt - 10} itself"
+    ) in result["problems"][0]
+
+
+def test_proof_mixed_two_handed_over_one_computed_on_decode(before):
+    result = run_proof(before, [{}, {"external": 0, "transfers": 0}, {}])
+    assert result["handoff_proven"] is False
+    assert [item["handoff_proven"] for item in result["per_request"]] == [True, False, True]
+    assert result["nixl_transfers"] == 2
+    assert all(p.startswith("request 2 of 3") for p in result["problems"]), result["problems"]
+    assert any("recomputed on decode" in p for p in result["problems"])
+
+
+def test_proof_zero_transfers(before):
+    result = run_proof(before, [{"transfers": 0}] * 3)
+    assert result["handoff_proven"] is False
+    assert result["nixl_transfers"] == 0
+    assert result["kv_tokens_transferred"] == 3 * (PROMPT - R)
+    for number in (1, 2, 3):
+        assert any(p.startswith(f"request {number} of 3: NIXL recorded no transfer") for p in result["problems"])
+
+
+def test_proof_one_transfer_missing(before):
+    result = run_proof(before, [{}, {"transfers": 0}, {}])
+    assert result["handoff_proven"] is False
+    assert [p.split(":")[0] for p in result["problems"]] == ["request 2 of 3"]
+
+
+def test_proof_without_usage(before):
+    result = run_proof(before, [{}, {}, {}], usage=False)
+    assert result["handoff_proven"] is True, result["problems"]
+    assert result["prompt_tokens"] is None
+
+
+def test_proof_no_requests():
+    result = vm.evaluate_pd_proof([], ROLES)
+    assert result["handoff_proven"] is False
+    assert result["problems"] == [
+        "no proof request was served through the router, so the prefill/decode handoff is unproven"
+    ]
+    assert result["requests"] == 0 and result["prompt_tokens"] is None and result["per_request"] == []
+    assert result["prefill_served"] == {"prefill-0": 0} and result["kv_tokens_transferred"] == 0
+
+
+def test_proof_needs_both_roles(before):
+    roles = {"d": "decode"}
+    before = {"d": before["decode-0"]}
+    evaluation = vm.evaluate_proof_request(before, before, roles, PROMPT)
+    result = vm.evaluate_pd_proof([evaluation], roles)
+    assert result["problems"] == ["the PD proof needs at least one instance with role prefill"]
+    assert result["handoff_proven"] is False
+
+
+def test_proof_requests_on_two_decode_instances(before):
+    roles = dict(ROLES, **{"decode-1": "decode"})
+    before = dict(before, **{"decode-1": copy.deepcopy(before["decode-0"])})
+    result = run_proof(before, [{}, {"decode": "decode-1"}, {}], roles=roles)
+    assert result["handoff_proven"] is True, result["problems"]
+    assert result["decode_served"] == {"decode-0": 2 * (PROMPT - R), "decode-1": PROMPT - R}
+    assert result["per_request"][1]["decode_served"] == {"decode-0": 0, "decode-1": PROMPT - R}
+    assert result["kv_tokens_transferred"] == 3 * (PROMPT - R)
+    # The request on decode-1 partial: only it fails.
+    result = run_proof(before, [{}, {"decode": "decode-1", "external": 3}, {}], roles=roles)
+    assert [item["handoff_proven"] for item in result["per_request"]] == [True, False, True]
+    assert "request 2 of 3" in result["problems"][0] and "decode (decode-1) received 3 of" in result["problems"][0]
 
 
 # --------------------------------------------------------------------------- router metrics

@@ -180,17 +180,28 @@ class FakeVllm:
 SRC = "vllm:prompt_tokens_by_source_total"
 
 
-class FakeRouter:
-    """vllm-router in PD mode behind an nginx front that wants the client key on every path."""
+def prompt_tokens(request):
+    """The prompt tokens the fake instances count for a proof request (what its usage reports)."""
+    return len(request["prompt"].split()) + 4
 
-    def __init__(self, prefill, decode, key=CLIENT_KEY, mode="handoff", metrics_delay=0.0):
+
+class FakeRouter:
+    """vllm-router in PD mode behind an nginx front that wants the client key on every path.
+
+    ``decodes``: the decode instances, taken in turn (round robin). ``mode``: what happens to a request
+    (see :meth:`simulate`), or a list of modes, one for each request in turn. ``usage``: whether the
+    answers report their token usage.
+    """
+
+    def __init__(self, prefill, decodes, key=CLIENT_KEY, mode="handoff", metrics_delay=0.0, usage=True):
         self.prefill = prefill
-        self.decode = decode
+        self.decodes = decodes
         self.key = key
-        self.mode = mode
+        self.modes = mode if isinstance(mode, list) else [mode]
         self.metrics_delay = metrics_delay
+        self.usage = usage
         self.completions = []
-        self.pd_requests = 0
+        self.pd_requests = {}  # worker URL -> PD requests sent to it
         self.server = FakeServer(self)
         self.url = self.server.url
         self.metrics_server = FakeServer(RouterMetrics(self))
@@ -205,46 +216,63 @@ class FakeRouter:
             return _json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
         if path == "/v1/completions" and method == "POST":
             request = json.loads(body)
+            number = len(self.completions)
             self.completions.append(request)
-            tokens = len(request["prompt"].split()) + 4
+            tokens = prompt_tokens(request)
             if self.metrics_delay:
-                threading.Timer(self.metrics_delay, self.simulate, (tokens,)).start()
+                threading.Timer(self.metrics_delay, self.simulate, (tokens, number)).start()
             else:
-                self.simulate(tokens)
-            return _json(
-                200,
-                {
-                    "id": f"cmpl-{len(self.completions)}",
-                    "object": "text_completion",
-                    "model": MODEL,
-                    "choices": [{"index": 0, "text": " The capital of France is Paris", "finish_reason": "length"}],
-                    "usage": {
-                        "prompt_tokens": tokens,
-                        "completion_tokens": request["max_tokens"],
-                        "total_tokens": tokens + request["max_tokens"],
-                    },
-                },
-            )
+                self.simulate(tokens, number)
+            answer = {
+                "id": f"cmpl-{len(self.completions)}",
+                "object": "text_completion",
+                "model": MODEL,
+                "choices": [{"index": 0, "text": " The capital of France is Paris", "finish_reason": "length"}],
+            }
+            if self.usage:
+                answer["usage"] = {
+                    "prompt_tokens": tokens,
+                    "completion_tokens": request["max_tokens"],
+                    "total_tokens": tokens + request["max_tokens"],
+                }
+            return _json(200, answer)
         return _json(404, {"detail": "Not Found"})
 
-    def simulate(self, tokens):
-        """Change the instances' metrics as vLLM does for one request of ``tokens`` prompt tokens."""
-        p, d = self.prefill, self.decode
-        if self.mode == "direct":  # no PD at all: decode computes everything itself
+    def simulate(self, tokens, number):
+        """Change the instances' metrics as vLLM does for request ``number`` (from 0) of ``tokens`` prompt tokens.
+
+        Modes: ``handoff`` (decode receives all but the last prompt token by NIXL and recomputes that one),
+        ``direct`` (no PD: decode computes the prompt), ``recompute`` (prefill computes the prompt but the KV
+        never arrives, decode recomputes it), ``partial`` (one NIXL transfer brings a third of the prompt,
+        decode computes the rest), ``cache`` (no transfer, decode takes the prompt from its own prefix cache
+        but for the last token), ``no_transfer`` (the tokens are counted as external but NIXL records no
+        transfer), ``nixl_fail`` (handoff, and the failed-transfer counter grows).
+        """
+        mode = self.modes[number % len(self.modes)]
+        p, d = self.prefill, self.decodes[number % len(self.decodes)]
+        if mode == "direct":
             d.add(SRC, tokens, source="local_compute")
             return
-        self.pd_requests += 1
+        for worker in (p.url, d.url):
+            self.pd_requests[worker] = self.pd_requests.get(worker, 0) + 1
         p.add(SRC, tokens, source="local_compute")
-        if self.mode == "recompute":  # KV never arrives, decode recomputes the prompt
+        if mode == "recompute":
             d.add(SRC, tokens, source="local_compute")
             return
-        d.add(SRC, tokens - 1, source="external_kv_transfer")
-        d.add(SRC, 1, source="local_compute")  # decode recomputes the last prompt token
+        if mode == "cache":
+            d.add(SRC, tokens - 1, source="local_cache_hit")
+            d.add(SRC, 1, source="local_compute")
+            return
+        received = tokens // 3 if mode == "partial" else tokens - 1
+        d.add(SRC, received, source="external_kv_transfer")
+        d.add(SRC, tokens - received, source="local_compute")
+        if mode == "no_transfer":
+            return
         d.add("vllm:nixl_xfer_time_seconds_count", 1)
         d.add("vllm:nixl_xfer_time_seconds_sum", 0.02)
         d.add("vllm:nixl_bytes_transferred_count", 1)
         d.add("vllm:nixl_bytes_transferred_sum", 983040)
-        if self.mode == "nixl_fail":
+        if mode == "nixl_fail":
             d.add("vllm:nixl_num_failed_transfers_total", 1)
 
     def close(self):
@@ -257,24 +285,26 @@ class RouterMetrics:
         self.router = router
 
     def handle(self, method, path, headers, body):
-        n = self.router.pd_requests
-        text = (
-            "# TYPE vllm_router_pd_prefill_requests_total counter\n"
-            f'vllm_router_pd_prefill_requests_total{{worker="{self.router.prefill.url}"}} {n}\n'
-            "# TYPE vllm_router_pd_decode_requests_total counter\n"
-            f'vllm_router_pd_decode_requests_total{{worker="{self.router.decode.url}"}} {n}\n'
-            "# TYPE vllm_router_worker_health gauge\n"
-            f'vllm_router_worker_health{{worker="{self.router.prefill.url}"}} 1\n'
-            f'vllm_router_worker_health{{worker="{self.router.decode.url}"}} 1\n'
-        )
-        return 200, "text/plain", text
+        router = self.router
+        counts = dict(router.pd_requests)
+        prefill = router.prefill.url
+        lines = ["# TYPE vllm_router_pd_prefill_requests_total counter"]
+        lines.append(f'vllm_router_pd_prefill_requests_total{{worker="{prefill}"}} {counts.get(prefill, 0)}')
+        lines.append("# TYPE vllm_router_pd_decode_requests_total counter")
+        for d in router.decodes:
+            lines.append(f'vllm_router_pd_decode_requests_total{{worker="{d.url}"}} {counts.get(d.url, 0)}')
+        lines.append("# TYPE vllm_router_worker_health gauge")
+        for worker in [router.prefill, *router.decodes]:
+            lines.append(f'vllm_router_worker_health{{worker="{worker.url}"}} 1')
+        return 200, "text/plain", "\n".join(lines) + "\n"
 
 
 class Deployment:
-    def __init__(self, instance_key=INSTANCE_KEY, client_key=CLIENT_KEY, **router_kwargs):
+    def __init__(self, instance_key=INSTANCE_KEY, client_key=CLIENT_KEY, decodes=1, **router_kwargs):
         self.prefill = FakeVllm("prefill_metrics.txt", key=instance_key)
-        self.decode = FakeVllm("decode_metrics.txt", key=instance_key)
-        self.router = FakeRouter(self.prefill, self.decode, key=client_key, **router_kwargs)
+        self.decodes = [FakeVllm("decode_metrics.txt", key=instance_key) for number in range(decodes)]
+        self.decode = self.decodes[0]
+        self.router = FakeRouter(self.prefill, self.decodes, key=client_key, **router_kwargs)
 
     def args(self, **overrides):
         args = {
@@ -286,6 +316,10 @@ class Deployment:
                     "expected": {"kv_cache_dtype": "auto"},
                 },
                 {"name": "decode-0", "url": self.decode.url + "/", "role": "decode", "expected": {"block_size": 128}},
+            ]
+            + [
+                {"name": f"decode-{number}", "url": d.url, "role": "decode"}
+                for number, d in enumerate(self.decodes[1:], start=1)
             ],
             "model": MODEL,
             "vllm_version": "0.32.0",
@@ -301,7 +335,7 @@ class Deployment:
         return args
 
     def close(self):
-        for thing in (self.router, self.prefill.server, self.decode.server):
+        for thing in (self.router, self.prefill.server, *(d.server for d in self.decodes)):
             thing.close()
 
 
@@ -353,7 +387,7 @@ def test_all_healthy_and_handoff_proven(deployment):
     proof = result["proof"]
     sent = deployment.router.completions
     assert len(sent) == 3
-    tokens = sum(len(r["prompt"].split()) + 4 for r in sent)
+    tokens = sum(prompt_tokens(r) for r in sent)
     assert proof["handoff_proven"] is True
     assert proof["requests"] == 3 and proof["requests_failed"] == 0
     assert proof["prompt_tokens"] == tokens
@@ -369,6 +403,18 @@ def test_all_healthy_and_handoff_proven(deployment):
     assert proof["sample_text"] == " The capital of France is Paris"
     assert proof["mean_request_seconds"] >= 0
     assert proof["router_requests"] == {"pd_prefill_requests": 3, "pd_decode_requests": 3}
+    # Each request on its own: its prompt but the last token arrived by NIXL, in one transfer.
+    assert [q["request"] for q in proof["per_request"]] == [1, 2, 3]
+    for q, request in zip(proof["per_request"], sent, strict=True):
+        n = prompt_tokens(request)
+        assert q["prompt_tokens"] == n and q["kv_tokens_expected"] == n - 1
+        assert q["kv_tokens_transferred"] == n - 1 and q["decode_local_compute_tokens"] == 1
+        assert q["prefill_served"] == {"prefill-0": n} and q["decode_served"] == {"decode-0": n - 1}
+        assert q["nixl_transfers"] == 1 and q["nixl_failed_transfers"] == 0
+        assert q["nixl_bytes_transferred"] == 983040 and q["nixl_xfer_time_seconds"] == pytest.approx(0.02)
+        assert q["handoff_proven"] is True
+    # The metrics were read by check_instance, then right before and after each request.
+    assert [path for method, path, auth in deployment.decode.requests].count("/metrics") == 1 + 2 * 3
 
     # The proof requests: greedy, several tokens, each prompt unique (no prefix-cache shortcut).
     assert all(r["temperature"] == 0 and r["max_tokens"] == 8 and r["model"] == MODEL for r in sent)
@@ -407,10 +453,12 @@ def test_waits_for_an_instance_that_is_still_loading(deployment):
 def test_metrics_that_arrive_late_are_waited_for():
     dep = Deployment(metrics_delay=0.5)
     try:
-        result = run_module(dep.args(proof_requests=1, proof_settle_timeout=10))
+        result = run_module(dep.args(proof_requests=2, proof_settle_timeout=10))
     finally:
         dep.close()
     assert result["proof"]["handoff_proven"] is True
+    # Each request's counters were waited for before the next request: none leaked into the next one.
+    assert [q["nixl_transfers"] for q in result["proof"]["per_request"]] == [1, 1]
 
 
 def test_router_metrics_are_optional(deployment):
@@ -554,6 +602,118 @@ def test_pd_nixl_failures():
         dep.close()
     assert result["proof"]["nixl_failed_transfers"] == 2
     assert "NIXL failed transfers grew" in result["msg"]
+
+
+def run_failing_proof(**kwargs):
+    """Run the module against a deployment whose router does ``kwargs``; returns (result, prompt tokens)."""
+    proof_requests = kwargs.pop("proof_requests", 3)
+    dep = Deployment(**kwargs)
+    try:
+        result = run_module(dep.args(proof_requests=proof_requests), expect="fail")
+    finally:
+        dep.close()
+    sent = dep.router.completions
+    assert len(sent) == proof_requests
+    assert result["proof"]["handoff_proven"] is False
+    # Every problem is a proof problem, the instances themselves are fine.
+    assert all(p.startswith("PD proof: request ") for p in result["problems"]), result["problems"]
+    return result, prompt_tokens(sent[0])
+
+
+def test_pd_one_request_handed_over_two_taken_from_decode_cache():
+    # Decode received one request's prompt by NIXL (one transfer) and had the other two without any transfer:
+    # the totals (KV arrived, at most one local token per request, prefill computed all) looked like a handoff.
+    result, n = run_failing_proof(mode=["handoff", "cache", "cache"])
+    proof = result["proof"]
+    assert proof["kv_tokens_transferred"] == n - 1 and proof["nixl_transfers"] == 1
+    assert proof["decode_local_compute_tokens"] == 3 and proof["prefill_served"] == {"prefill-0": 3 * n}
+    assert [q["handoff_proven"] for q in proof["per_request"]] == [True, False, False]
+    assert [q["kv_tokens_transferred"] for q in proof["per_request"]] == [n - 1, 0, 0]
+    msg = result["msg"]
+    assert "request 1 of 3" not in msg
+    for number in (2, 3):
+        assert (
+            f"PD proof: request {number} of 3 ({n} prompt tokens): decode (decode-0) received 0 of {n - 1} expected "
+            f"prompt tokens by NIXL (external_kv_transfer), computed 1 itself, found {n - 1} in its own prefix cache"
+        ) in msg
+        assert f"request {number} of 3: NIXL recorded no transfer" in msg
+
+
+def test_pd_partial_handoff():
+    result, n = run_failing_proof(mode="partial")
+    received = n // 3
+    assert [q["kv_tokens_transferred"] for q in result["proof"]["per_request"]] == [received] * 3
+    assert result["proof"]["nixl_transfers"] == 3
+    for number in (1, 2, 3):
+        assert (
+            f"request {number} of 3 ({n} prompt tokens): decode (decode-0) received {received} of {n - 1} expected "
+            f"prompt tokens by NIXL (external_kv_transfer), computed {n - received} itself: only part of the "
+            "prompt's KV was handed over"
+        ) in result["msg"]
+    assert len(result["problems"]) == 3
+
+
+def test_pd_mixed_two_handed_over_one_computed_on_decode():
+    result, n = run_failing_proof(mode=["handoff", "handoff", "recompute"])
+    proof = result["proof"]
+    assert [q["handoff_proven"] for q in proof["per_request"]] == [True, True, False]
+    assert proof["nixl_transfers"] == 2
+    assert all(p.startswith("PD proof: request 3 of 3") for p in result["problems"])
+    assert (
+        f"request 3 of 3 ({n} prompt tokens): decode (decode-0) received 0 of {n - 1} expected prompt tokens by "
+        f"NIXL (external_kv_transfer), computed {n} itself: no KV arrived"
+    ) in result["msg"]
+    assert "recomputed on decode" in result["msg"]
+
+
+def test_pd_zero_transfers():
+    result, n = run_failing_proof(mode="no_transfer")
+    proof = result["proof"]
+    assert proof["nixl_transfers"] == 0 and proof["kv_tokens_transferred"] == 3 * (n - 1)
+    assert len(result["problems"]) == 3
+    for number in (1, 2, 3):
+        assert f"request {number} of 3: NIXL recorded no transfer" in result["msg"]
+
+
+def test_pd_two_decode_instances():
+    dep = Deployment(decodes=2)
+    try:
+        result = run_module(dep.args())
+    finally:
+        dep.close()
+    n = prompt_tokens(dep.router.completions[0])
+    proof = result["proof"]
+    assert proof["handoff_proven"] is True
+    assert proof["decode_served"] == {"decode-0": 2 * (n - 1), "decode-1": n - 1}
+    assert [q["decode_served"] for q in proof["per_request"]] == [
+        {"decode-0": n - 1, "decode-1": 0},
+        {"decode-0": 0, "decode-1": n - 1},
+        {"decode-0": n - 1, "decode-1": 0},
+    ]
+    assert proof["router_requests"] == {"pd_prefill_requests": 3, "pd_decode_requests": 3}
+
+
+def test_pd_two_decode_instances_one_recomputes():
+    result, n = run_failing_proof(decodes=2, mode=["handoff", "recompute"], proof_requests=2)
+    assert [q["handoff_proven"] for q in result["proof"]["per_request"]] == [True, False]
+    assert f"request 2 of 2 ({n} prompt tokens): decode (decode-1) received 0 of {n - 1}" in result["msg"]
+
+
+def test_pd_without_usage_in_the_answers():
+    dep = Deployment(usage=False)
+    try:
+        result = run_module(dep.args(proof_requests=2))
+    finally:
+        dep.close()
+    n = prompt_tokens(dep.router.completions[0])
+    proof = result["proof"]
+    assert proof["handoff_proven"] is True
+    assert proof["prompt_tokens"] is None and proof["completion_tokens"] is None
+    assert [(q["prompt_tokens"], q["kv_tokens_expected"]) for q in proof["per_request"]] == [(None, n - 1)] * 2
+    # The instances' own counts still catch a partial handoff.
+    result, n = run_failing_proof(usage=False, mode=["handoff", "partial"], proof_requests=2)
+    assert f"request 2 of 2 ({n} prompt tokens as the instances counted them" in result["msg"]
+    assert f"received {n // 3} of {n - 1} expected" in result["msg"]
 
 
 def test_metrics_garbage(deployment):
