@@ -1,13 +1,15 @@
 """The nvidia_driver role's Ubuntu 22.04 path in check mode (NVIDIA's CUDA repository is not reachable
-from CI): the repository file it would write, the keyring it would install, the packages a real run
-installs, and that check mode changed nothing on the host."""
+from CI): the repository file it would write, the keyring it would install and the SHA-256 it must have,
+the packages a real run installs, and that check mode changed nothing on the host."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import UBUNTU, run_playbook, task_results
+from conftest import UBUNTU, failure_messages, run_playbook, task_results
 
 KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+# The role's pinned SHA-256 of ubuntu2204/x86_64's cuda-keyring_1.1-1_all.deb (a mirror serves the same file).
+KEYRING_DEB_SHA256 = "d93190d50b98ad4699ff40f4f7af50f16a76dac3bb8da1eaaf366d47898ff8df"
 LIST = "/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list"
 
 
@@ -36,6 +38,7 @@ def test_check_mode_renders_the_cuda_repository(ubuntu, extra, base):
 
     keyring = results["Say that check mode does not download the keyring"]
     assert f"{base}/ubuntu2204/x86_64/cuda-keyring_1.1-1_all.deb" in keyring["msg"]
+    assert f"SHA-256 {KEYRING_DEB_SHA256}" in " ".join(keyring["msg"].split())
 
     predicted = " ".join(results["Say what check mode cannot predict"]["msg"].split())
     assert LIST in predicted
@@ -49,3 +52,15 @@ def test_check_mode_renders_the_cuda_repository(ubuntu, extra, base):
     assert not ubuntu.file(KEYRING).exists
     assert not ubuntu.package("cuda-keyring").is_installed
     assert not ubuntu.file("/etc/ansible/facts.d/nvidia_driver.fact").exists
+
+
+def test_preflight_refuses_a_keyring_without_a_hash(ubuntu):
+    # A keyring version the role pins no SHA-256 for, and none given: preflight stops before any change.
+    rc, report = run_playbook("check_ubuntu.yml", "--check", "-e", "nvidia_driver_cuda_keyring_version=9.9-9")
+    assert rc != 0
+    (message,) = failure_messages(report, UBUNTU)
+    message = " ".join(message.split())
+    assert "no pinned SHA-256 for NVIDIA's cuda-keyring 9.9-9 of repository ubuntu2204/x86_64" in message
+    assert "set nvidia_driver_cuda_keyring_sha256" in message
+    assert "/ubuntu2204/x86_64/cuda-keyring_9.9-9_all.deb" in message
+    assert not ubuntu.package("cuda-keyring").is_installed
