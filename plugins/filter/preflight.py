@@ -16,51 +16,49 @@ router groups are read.
 
 ``pd_preflight`` returns one line per problem, ``[<check>] <hosts>: <variable>: <what is wrong>
 Fix: <how>``; the same problem on many hosts is one line naming them.
+
+What vLLM accepts (dtypes, quantization methods, KV cache dtypes, block sizes, the flags extra
+args may not pass, ...) and what ``auto`` and an unset block size resolve to are not listed here:
+they are the launcher's (roles/vllm_instance/files/inferops_vllm_launch.py, standard library
+only, loaded from the collection by ``launcher()``). The ``launcher`` check builds the TOML each
+instance would get from the role's templates/instance.toml.j2 and runs the launcher's own
+``validate()`` on it, so a config the launcher would refuse on the host is refused here first.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import json
 import math
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import ModuleType
 from typing import Any
 
 INSTANCE_FACT = "__vllm_instance_preflight"
 ROUTER_FACT = "__inferops_router_preflight"
 
-# Kept equal to roles/vllm_instance/files/inferops_vllm_launch.py and the role's argument spec.
-QUANTIZATION_METHODS = (
-    "awq",
-    "gptq",
-    "bitsandbytes",
-    "fp8",
-    "compressed-tensors",
-    "gguf",
-    "awq_marlin",
-    "gptq_marlin",
-    "marlin",
-    "experts_int8",
-    "modelopt",
-    "mxfp4",
-)
-KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-KV_TRANSFER_BACKENDS = ("nixl",)
-# vLLM's block size when none is given: 128 on the CPU build, 16 on GPUs.
-DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
+# The launcher, relative to the collection root: this file is <root>/plugins/filter/preflight.py in a
+# checkout and in an installed collection (ansible_collections/inferops/vllm/...) alike.
+LAUNCHER_PATH = ("roles", "vllm_instance", "files", "inferops_vllm_launch.py")
+LAUNCHER_MODULE = "_inferops_vllm_launch"
+# The rule for every API key the collection writes into an EnvironmentFile or nginx (the instances'
+# vllm_instance_api_key, the router's client keys): RFC 6750 bearer-token characters, 16 or more.
+API_KEY_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,}")
+API_KEY_RULE = "16 or more characters of A-Z a-z 0-9 . _ ~ + / = - (RFC 6750 bearer token characters)"
 # The router role's documented defaults (roles/vllm_router/defaults/main.yml).
 ROUTER_DEFAULTS = {"port": 8300, "metrics_port": 29000, "front_port": 8000}
 ROUTER_VARS = {"port": "vllm_router_port", "metrics_port": "vllm_router_metrics_port",
                "front_port": "vllm_router_front_port"}
 DEFAULT_MIN_TOKENS_PER_SECOND = 20
 
-# Weight dtype spellings -> canonical name; "auto" resolves from the checkpoint.
-DTYPE_ALIASES = {
+# A checkpoint's torch_dtype (config.json) spellings -> the name the launcher's vocabulary uses.
+CHECKPOINT_DTYPES = {
     "bfloat16": "bfloat16", "bf16": "bfloat16",
     "float16": "float16", "half": "float16", "fp16": "float16",
     "float32": "float32", "float": "float32", "fp32": "float32",
@@ -72,13 +70,58 @@ NULLABLE_BOOLEANS = ("enable_chunked_prefill",)
 # Settings publish.yml leaves out (they may carry site secrets); overrides may still set them.
 UNPUBLISHED_SETTINGS = ("environment", "extra_args")
 INSTANCE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-LOW_BIT_KV_RE = re.compile(r"(?:u?int|i|q|nf|(?:nv|mx)?fp)?[-_]?(\d{1,2})(?:[-_ ]?(?:bits?|b))?")
-NCCL_REMOVED = (
-    "the P2pNcclConnector (the sources' \"nccl\" backend) was removed from vLLM."
-)
+# The role's defaults (roles/vllm_instance/defaults/main.yml) of what the TOML needs beyond the
+# published settings; hostvars hold a variable only when the inventory sets it.
+INSTANCE_DEFAULTS = {"vllm_instance_bind_host": "0.0.0.0", "vllm_instance_models_dir": "/var/lib/vllm/models",
+                     "vllm_instance_environment": {}, "vllm_instance_extra_args": []}
 
 CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quantization", "capacity",
-          "unsupported", "client", "network", "secrets", "booleans")
+          "unsupported", "launcher", "client", "network", "secrets", "booleans")
+
+
+def _load_launcher() -> ModuleType:
+    here = os.path.dirname(os.path.abspath(__file__))
+    tried = []
+    for base in (here, os.path.dirname(os.path.realpath(__file__))):
+        path = os.path.normpath(os.path.join(base, os.pardir, os.pardir, *LAUNCHER_PATH))
+        if path in tried:
+            continue
+        tried.append(path)
+        if not os.path.isfile(path):
+            continue
+        spec = importlib.util.spec_from_file_location(LAUNCHER_MODULE, path)
+        if spec is None or spec.loader is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[LAUNCHER_MODULE] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(LAUNCHER_MODULE, None)
+            raise
+        return module
+    raise ImportError(f"inferops.vllm: the vLLM instance launcher is not at {' or '.join(tried)}; the collection "
+                      "is incomplete (its roles/vllm_instance/files/ are needed by the preflight)")
+
+
+@lru_cache(maxsize=1)
+def launcher() -> ModuleType:
+    """roles/vllm_instance/files/inferops_vllm_launch.py as a module: the one vocabulary of what vLLM accepts."""
+    return _load_launcher()
+
+
+def valid_api_key(value: Any, allow_empty: bool = False) -> bool:
+    """Whether ``value`` is a usable API key (API_KEY_RULE); an empty string means "no key" and is
+    valid only with ``allow_empty``. Never raises, never echoes the value."""
+    if value is None or isinstance(value, (bool, int, float, Mapping, list, tuple, set)):
+        return False
+    try:
+        text = value if isinstance(value, str) else str(value)  # a vaulted string decrypts on str()
+    except Exception:  # noqa: BLE001 - an undefined variable's stand-in, a vault that cannot be opened
+        return False
+    if text == "":
+        return bool(allow_empty)
+    return API_KEY_RE.fullmatch(text) is not None
 
 
 # --- small helpers ------------------------------------------------------------------------------
@@ -151,6 +194,11 @@ def _human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def _covers(reported: str, variable: str) -> bool:
+    pattern = re.escape(reported).replace(re.escape("[*]"), r"\[[^\]]*\]")
+    return re.match(pattern + r"(?:$|[.\[])", variable) is not None
+
+
 class _Report:
     """Problems keyed by (check, variable, what, fix): one line per problem, naming every host it hits."""
 
@@ -165,6 +213,14 @@ class _Report:
         for host in hosts or ():
             if host not in bucket:
                 bucket.append(host)
+
+    def reported(self, variable: str, hosts: Iterable[str]) -> bool:
+        """Whether a check other than the launcher's reported ``variable`` for one of ``hosts``; a problem of a
+        variable also covers its parts (vllm_instance_instances covers vllm_instance_instances[prefill-0].port,
+        and so does vllm_instance_instances[*].port)."""
+        wanted = set(hosts)
+        return any(key[0] != "launcher" and _covers(key[1], variable) and wanted.intersection(found)
+                   for key, found in self._hosts.items())
 
     def lines(self) -> list[str]:
         order = {name: i for i, name in enumerate(CHECKS)}
@@ -293,7 +349,7 @@ def model_facts(published: Mapping[str, Any]) -> ModelFacts:
         facts.head_dim = hidden // facts.num_attention_heads
     facts.max_position_embeddings = _to_int(values.get("max_position_embeddings"))
     facts.weights_bytes = _to_int(values.get("weights_bytes"))
-    facts.dtype = DTYPE_ALIASES.get(_text(values.get("torch_dtype")).lower())
+    facts.dtype = CHECKPOINT_DTYPES.get(_text(values.get("torch_dtype")).lower())
     rope = values.get("rope_scaling")
     if isinstance(rope, Mapping):
         facts.rope_scaled = _text(rope.get("rope_type") or rope.get("type") or "default") != "default"
@@ -310,6 +366,7 @@ class Instance:
     host: str
     group: str  # prefill | decode (inventory group)
     name: str
+    index: int  # position in vllm_instance_instances
     port: Any
     kv_transfer_port: Any
     gpus: Any
@@ -339,34 +396,29 @@ class Instance:
 
     @property
     def dtype(self) -> str | None:
-        """Resolved weight dtype; None when 'auto' and the checkpoint's dtype is unknown."""
-        raw = _text(self.settings.get("dtype") or "auto").lower()
-        if raw == "auto":
-            if self.facts.dtype == "float32":
-                return "float16"  # vLLM's auto: FP16 for FP32 and FP16 checkpoints, BF16 for BF16 ones
-            return self.facts.dtype
-        return DTYPE_ALIASES.get(raw, raw)
+        """Resolved weight dtype (the launcher's resolve_dtype: what vLLM makes of 'auto' for the
+        checkpoint's dtype); None when 'auto' and the checkpoint's dtype is unknown."""
+        return launcher().resolve_dtype(_text(self.settings.get("dtype")).lower() or "auto", self.facts.dtype)
 
     @property
     def kv_cache_dtype(self) -> str:
-        raw = _text(self.settings.get("kv_cache_dtype") or "auto")
-        if raw == "auto":
-            return self.dtype or "auto"
-        if raw == "fp8":
-            return "fp8_e4m3"
-        return raw
+        """Resolved KV cache dtype ('auto' = the resolved weight dtype, 'fp8' = 'fp8_e4m3'); 'auto' when
+        the model's dtype is unknown."""
+        raw = _text(self.settings.get("kv_cache_dtype")) or "auto"
+        return launcher().resolve_kv_cache_dtype(raw, self.dtype) or "auto"
 
     @property
     def kv_dtype_bytes(self) -> tuple[int, str]:
         """Bytes per KV element, and how that was decided."""
-        raw = _text(self.settings.get("kv_cache_dtype") or "auto")
-        if raw.startswith("fp8"):
+        raw = _text(self.settings.get("kv_cache_dtype")) or "auto"
+        resolved = self.kv_cache_dtype
+        if resolved.startswith("fp8"):
             return 1, raw
         if raw == "auto":
-            if self.dtype in DTYPE_BYTES:
-                return DTYPE_BYTES[self.dtype], f"auto = {self.dtype}"
+            if resolved in DTYPE_BYTES:
+                return DTYPE_BYTES[resolved], f"auto = {resolved}"
             return 2, "auto, assumed 16-bit (model dtype unknown)"
-        return DTYPE_BYTES.get(DTYPE_ALIASES.get(raw, raw), 2), raw
+        return DTYPE_BYTES.get(resolved, 2), raw
 
     @property
     def max_model_len(self) -> int | None:
@@ -378,11 +430,9 @@ class Instance:
 
     @property
     def block_size(self) -> tuple[int, bool]:
-        """(tokens per block, whether it is vLLM's default for the variant)."""
+        """(tokens per block, whether it is vLLM's default for the variant: the launcher's resolve_block_size)."""
         value = _to_int(self.settings.get("block_size") or 0)
-        if value:
-            return value, False
-        return DEFAULT_BLOCK_SIZE.get(self.variant, 16), True
+        return launcher().resolve_block_size(value, self.variant), not value
 
 
 _UNSET = object()
@@ -420,6 +470,7 @@ def _router_from_vars(variables: Mapping[str, Any]) -> dict[str, Any]:
     keys, state = _var(variables, "vllm_router_api_keys")
     out["api_keys_broken"] = state == "broken"
     out["api_keys_count"] = len(keys) if isinstance(keys, list) else 0
+    out["api_keys_invalid"] = sum(not valid_api_key(key) for key in keys) if isinstance(keys, list) else 0
     out["api_keys_not_a_list"] = state == "set" and not isinstance(keys, list)
     allow, state = _var(variables, "vllm_router_allow_unauthenticated")
     out["allow_unauthenticated"] = False if state == "unset" else allow
@@ -470,7 +521,7 @@ def _instances(host: str, group: str, published: Mapping[str, Any], rep: _Report
         if not isinstance(settings, Mapping):
             settings = {**host_settings, **overrides}
         out.append(Instance(
-            host=host, group=group, name=_text(item.get("name")) or f"#{i}", port=item.get("port"),
+            host=host, group=group, name=_text(item.get("name")) or f"#{i}", index=i, port=item.get("port"),
             kv_transfer_port=item.get("kv_transfer_port"), gpus=item.get("gpus"), settings=dict(settings),
             overrides=dict(overrides), published=published, facts=facts,
         ))
@@ -628,6 +679,8 @@ class _Inventory:
     instances: list[Instance] = field(default_factory=list)
     # Each host's inventory variables as given (hostvars), for checks of variables that are not published.
     variables: dict[str, Any] = field(default_factory=dict)
+    # The instance URLs of each group, as the TOML lists them (prefill_instances, decode_instances).
+    urls: dict[str, list[str]] | None = None
 
 
 def _load(published_by_host: Mapping[str, Any], groups: Mapping[str, Any], rep: _Report | None) -> _Inventory:
@@ -802,9 +855,9 @@ def _check_parity(rep: _Report, inv: _Inventory) -> None:
             "pin one revision (a commit) for both groups.")
 
     def dtype(i: Instance):
-        raw = _text(i.settings.get("dtype") or "auto")
+        raw = _text(i.settings.get("dtype")) or "auto"
         resolved = i.dtype or raw
-        return resolved, _show(raw) + (f" (= {resolved})" if raw == "auto" and i.dtype else "")
+        return resolved, _show(raw) + (f" (= {resolved})" if raw != resolved else "")
 
     _parity(rep, insts, "vllm_instance_dtype", "the weight dtype", dtype, same)
 
@@ -831,16 +884,27 @@ def _check_parity(rep: _Report, inv: _Inventory) -> None:
     _parity(rep, insts, "vllm_instance_kv_transfer_backend", "the KV connector",
             lambda i: _published(i, "kv_transfer_backend"),
             "use nixl (NixlConnector) on both groups.")
-    pre = [(b, i) for i in insts if i.group == "prefill" for b in [_to_int(i.settings.get("block_size") or 0)] if b]
-    dec = [(b, i) for i in insts if i.group == "decode" for b in [_to_int(i.settings.get("block_size") or 0)] if b]
+    # Block sizes as vLLM runs them: an unset one (0) is vLLM's default for the host's build.
+    sized = []
+    for inst in insts:
+        raw = _to_int(inst.settings.get("block_size") or 0)
+        if raw is not None and raw >= 0:  # others are refused by the capacity check
+            sized.append((*inst.block_size, inst))
+    pre = [t for t in sized if t[2].group == "prefill"]
+    dec = [t for t in sized if t[2].group == "decode"]
     if pre and dec:
         big = max(pre, key=lambda t: t[0])
         small = min(dec, key=lambda t: t[0])
+
+        def shown(block: int, default: bool, inst: Instance) -> str:
+            how = f" = vLLM's default on {inst.variant}, vllm_instance_block_size 0" if default else ""
+            return f"{block}{how} on {inst.label}"
+
         if big[0] > small[0]:
             rep.add("parity", None, "vllm_instance_block_size",
-                    f"prefill's KV block size ({big[0]} on {big[1].label}) exceeds decode's ({small[0]} on "
-                    f"{small[1].label}); decode cannot place prefill's larger blocks.",
-                    "use the same block size on both groups (or a smaller one on prefill).")
+                    f"prefill's KV block size ({shown(*big)}) exceeds decode's ({shown(*small)}); decode cannot "
+                    "place prefill's larger blocks.",
+                    "set the same vllm_instance_block_size on both groups (or a smaller one on prefill).")
 
 
 def _check_model(rep: _Report, inv: _Inventory) -> None:
@@ -961,10 +1025,11 @@ def _check_quantization(rep: _Report, inv: _Inventory) -> None:
         method = _text(inst.settings.get("quantization"))
         if not method:
             continue
-        if method not in QUANTIZATION_METHODS:
+        methods = launcher().QUANTIZATION_METHODS
+        if method not in methods:
             rep.add("quantization", inst.label, inst.variable("quantization"),
                     f"{_show(method)} is not a weight quantization method vLLM 0.32 knows.",
-                    f"use one of {', '.join(QUANTIZATION_METHODS)}, or leave it empty for an unquantized checkpoint.")
+                    f"use one of {', '.join(methods)}, or leave it empty for an unquantized checkpoint.")
         elif inst.facts.quantization_config:
             rep.add("quantization", inst.label, inst.variable("quantization"),
                     f"is {_show(method)}, but the checkpoint is already quantized ({inst.facts.source}: "
@@ -977,10 +1042,10 @@ def _check_capacity(rep: _Report, inv: _Inventory) -> None:
     for inst in inv.instances:
         s = inst.settings
         block = _to_int(s.get("block_size") or 0)
-        if block is None or (block and block not in BLOCK_SIZES):
+        sizes = launcher().BLOCK_SIZES
+        if block is None or (block and block not in sizes):
             rep.add("capacity", inst.label, inst.variable("block_size"),
-                    f"is {_show(s.get('block_size'))}; vLLM accepts {', '.join(map(str, BLOCK_SIZES))} "
-                    "(0 = its default).",
+                    f"is {_show(s.get('block_size'))}; vLLM accepts {', '.join(map(str, sizes))} (0 = its default).",
                     "use one of those.")
             continue
         for key in ("kv_cache_memory_bytes", "num_gpu_blocks_override", "max_model_len"):
@@ -1006,21 +1071,27 @@ def _check_unsupported(rep: _Report, inv: _Inventory) -> None:
     for host, pub in inv.instance_pub.items():
         for variable, message in sorted((pub.get("unsupported") or {}).items()):
             rep.add("unsupported", host, variable, f"is set, but {_text(message).strip()}", f"remove {variable}.")
+    # In the launcher's words, but naming the role's variables; anything else the launcher would refuse is
+    # reported by the launcher check.
+    launch = launcher()
+    for host, pub in inv.instance_pub.items():
         backend = _text(pub.get("kv_transfer_backend"))
-        if backend not in KV_TRANSFER_BACKENDS:
-            why = NCCL_REMOVED if "nccl" in backend.lower() else "vLLM 0.32 supports no such backend here."
+        if backend not in launch.KV_TRANSFER_BACKENDS:
+            why = (launch.NCCL_REMOVED.split(";", 1)[0] + "." if "nccl" in backend.lower()
+                   else "vLLM 0.32 supports no such backend here.")
             rep.add("unsupported", host, "vllm_instance_kv_transfer_backend", f"is {_show(backend)}: {why}",
-                    "use 'nixl' (NixlConnector: UCX over NVLink/RDMA/TCP), which works within a host and across hosts.")
+                    f"use {' or '.join(map(_show, launch.KV_TRANSFER_BACKENDS))} (NixlConnector: UCX over "
+                    "NVLink/RDMA/TCP), which works within a host and across hosts.")
     for inst in inv.instances:
         raw = _text(inst.settings.get("kv_cache_dtype") or "auto")
-        if raw in KV_CACHE_DTYPES:
+        if raw in launch.KV_CACHE_DTYPES:
             continue
-        match = LOW_BIT_KV_RE.fullmatch(raw.strip().lower())
+        match = launch.LOW_BIT_KV_RE.fullmatch(raw.strip().lower())
         if match and int(match.group(1)) < 16:
             bits = int(match.group(1))
             what = f"is {_show(raw)}, but vLLM 0.32 has no {'8-bit integer' if bits == 8 else f'{bits}-bit'} KV cache."
         else:
-            what = f"is {_show(raw)}, not a KV cache dtype vLLM 0.32 supports ({', '.join(KV_CACHE_DTYPES)})."
+            what = f"is {_show(raw)}, not a KV cache dtype vLLM 0.32 supports ({', '.join(launch.KV_CACHE_DTYPES)})."
         rep.add("unsupported", inst.label, inst.variable("kv_cache_dtype"), what,
                 "use 'fp8' (half the memory of 16-bit KV) or 'auto'.")
 
@@ -1147,6 +1218,12 @@ def _check_secrets(rep: _Report, inv: _Inventory) -> None:
         if pub.get("api_keys_not_a_list"):
             rep.add("secrets", host, "vllm_router_api_keys", "is not a list of keys.",
                     "write it as a YAML list, one client key per item.")
+        invalid = _to_int(pub.get("api_keys_invalid")) or 0
+        if invalid:
+            rep.add("secrets", host, "vllm_router_api_keys",
+                    f"{invalid} of its keys {'is' if invalid == 1 else 'are'} not usable (not shown): each must be "
+                    f"{API_KEY_RULE}; they are written into nginx's key map.",
+                    "generate keys, e.g. `openssl rand -hex 32`, and keep them in Ansible Vault.")
         router_keys = router_keys or count > 0 or bool(pub.get("api_keys_broken"))
         if bool(pub.get("tls_certificate")) != bool(pub.get("tls_key")):
             rep.add("secrets", host, "vllm_router_tls_certificate, vllm_router_tls_key",
@@ -1190,6 +1267,257 @@ def _check_booleans(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> N
         _bool_problem(rep, None, "inferops_allow_shared_hosts", opts["allow_shared_hosts"])
 
 
+# --- the launcher's verdict on each instance's TOML ------------------------------------------------------
+
+# TOML key of templates/instance.toml.j2 -> where its value comes from: a variable, "setting:<key>" (a
+# per-instance setting: vllm_instance_<key>, or the instance's overrides.<key>) or "instance:<key>" (a
+# key of the instance's entry in vllm_instance_instances).
+TOML_SOURCES = {
+    "server": "vllm_instance_instances",
+    "server.host": "vllm_instance_bind_host",
+    "server.port": "instance:port",
+    "server.served_model_name": "vllm_instance_served_model_name",
+    "server.api_key_env": "vllm_instance_api_key",
+    "model": "vllm_instance_model",
+    "model.name": "vllm_instance_model",
+    "model.revision": "vllm_instance_model_revision",
+    "kv_cache.quant_dtype": "setting:kv_cache_dtype",
+    "kv_cache.memory_bytes": "setting:kv_cache_memory_bytes",
+    "pd_disaggregation": "vllm_instance_pd_role",
+    "pd_disaggregation.enabled": "vllm_instance_pd_role",
+    "pd_disaggregation.role": "vllm_instance_pd_role",
+    "pd_disaggregation.kv_transfer_backend": "vllm_instance_kv_transfer_backend",
+    "pd_disaggregation.kv_buffer_device": "setting:kv_buffer_device",
+    "pd_disaggregation.side_channel_host": "vllm_instance_host_address",
+    "pd_disaggregation.kv_transfer_port": "instance:kv_transfer_port",
+    "pd_disaggregation.prefill_instances": "vllm_instance_instances",
+    "pd_disaggregation.decode_instances": "vllm_instance_instances",
+    "cpu.omp_threads_bind": "instance:cpus",
+    "devices.cuda_visible_devices": "instance:gpus",
+    "environment": "setting:environment",
+    "extra": "setting:extra_args",
+}
+# The other keys of these sections are the per-instance settings of the same name.
+SETTING_SECTIONS = ("model", "kv_cache", "scheduler")
+UNPUBLISHED_DEFAULTS = {"environment": {}, "extra_args": []}
+
+
+def _jinja_int(value: Any) -> int:
+    """What Jinja's ``| int`` makes of a value (the template renders the TOML with it): 0 when it cannot."""
+    try:
+        return int(value, 10) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError, OverflowError):
+        try:
+            return int(float(value))
+        except (TypeError, ValueError, OverflowError):
+            return 0
+
+
+def _jinja_float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _jinja_bool(value: Any) -> bool:
+    """What Ansible's ``| bool`` makes of a value."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        value = value.strip().lower()
+    return value in ("yes", "on", "1", "true", 1, "y", "t")
+
+
+def _host_var(inv: _Inventory, host: str, name: str) -> Any:
+    """A vllm_instance variable of a host as the template sees it: the host's, else the role's default."""
+    variables = inv.variables.get(host)
+    if variables is not None:
+        value, state = _var(variables, name)
+        if state == "set":
+            return value
+    return INSTANCE_DEFAULTS[name]
+
+
+def _unpublished(inv: _Inventory, inst: Instance, key: str) -> tuple[Any, str]:
+    """(value, variable) of environment or extra_args for one instance. publish.yml leaves them out (they may
+    carry site secrets), so they are read from the host's variables: the instance's overrides, else
+    vllm_instance_<key>, else the role's default. Plain data may carry them in the settings."""
+    if key in inst.settings:
+        return inst.settings[key], inst.variable(key)
+    variables = inv.variables.get(inst.host)
+    if variables is not None:
+        try:
+            entries, state = _var(variables, "vllm_instance_instances")
+            if state == "set" and isinstance(entries, (list, tuple)) and inst.index < len(entries):
+                entry = entries[inst.index]
+                overrides = entry.get("overrides") if isinstance(entry, Mapping) else None
+                if isinstance(overrides, Mapping) and key in overrides:
+                    return overrides[key], f"vllm_instance_instances[{inst.name}].overrides.{key}"
+        except Exception:  # noqa: BLE001 - an entry that cannot be resolved: the other checks say why
+            pass
+    name = f"vllm_instance_{key}"
+    return _host_var(inv, inst.host, name), name
+
+
+def _url_host(address: str) -> str:
+    """An IPv6 literal in brackets, as the pd_instances filter writes the instance URLs."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def _side_channel_host(inv: _Inventory, inst: Instance) -> str:
+    """What the template renders as side_channel_host: vllm_instance_host_address when the inventory sets it
+    (resolvable without facts), else the default route's address, which facts give at deploy time and which
+    is never empty (the published stand-in, else the host's name, represents it)."""
+    variables = inv.variables.get(inst.host)
+    if variables is not None:
+        address, state = _var(variables, "vllm_instance_host_address")
+        if state == "set":
+            return _text(address)
+    return _text(inst.published.get("host_address") or inst.published.get("address")) or inst.host
+
+
+def _launcher_config(inv: _Inventory, inst: Instance) -> tuple[dict[str, Any], dict[str, str], list[tuple[str, str]]]:
+    """The TOML the role would render for one instance (templates/instance.toml.j2, with its Jinja
+    conversions), where its environment and extra args come from, and what cannot be rendered at all."""
+    s, pub = inst.settings, inst.published
+    entries = pub.get("instances") or []
+    entry = entries[inst.index] if inst.index < len(entries) and isinstance(entries[inst.index], Mapping) else {}
+    server: dict[str, Any] = {
+        "host": _host_var(inv, inst.host, "vllm_instance_bind_host"),
+        "port": _jinja_int(inst.port),
+        "served_model_name": _text(pub.get("served_model_name")),
+    }
+    if pub.get("api_key_set") is True or _text(pub.get("api_key_set")).lower() == "true":
+        server["api_key_env"] = "VLLM_API_KEY"
+    model = _text(pub.get("model"))
+    local = _jinja_bool(pub.get("model_is_local"))
+    dirname = (model.rstrip("/").rsplit("/", 1)[-1]) if local else model.replace("/", "--")
+    table: dict[str, Any] = {
+        "name": f"{_text(_host_var(inv, inst.host, 'vllm_instance_models_dir'))}/{dirname}",
+        "dtype": s.get("dtype", "auto"),
+    }
+    if _jinja_int(s.get("max_model_len")) > 0:
+        table["max_model_len"] = _jinja_int(s.get("max_model_len"))
+    if _text(s.get("quantization")):
+        table["quantization"] = s.get("quantization")
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        table[key] = _jinja_int(s.get(key, 1))
+    for key in ("enforce_eager", "trust_remote_code"):
+        table[key] = _jinja_bool(s.get(key, False))
+    kv: dict[str, Any] = {"quant_dtype": s.get("kv_cache_dtype", "auto")}
+    if _jinja_int(s.get("kv_cache_memory_bytes")) > 0:
+        kv["memory_bytes"] = _jinja_int(s.get("kv_cache_memory_bytes"))
+    else:
+        kv["gpu_memory_utilization"] = _jinja_float(s.get("gpu_memory_utilization", 0.9))
+    for key in ("num_gpu_blocks_override", "block_size"):
+        if _jinja_int(s.get(key)) > 0:
+            kv[key] = _jinja_int(s.get(key))
+    kv["enable_prefix_caching"] = _jinja_bool(s.get("enable_prefix_caching", True))
+    scheduler: dict[str, Any] = {}
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        if _jinja_int(s.get(key)) > 0:
+            scheduler[key] = _jinja_int(s.get(key))
+    if s.get("enable_chunked_prefill") is not None:
+        scheduler["enable_chunked_prefill"] = _jinja_bool(s.get("enable_chunked_prefill"))
+    role = _text(pub.get("pd_role"))
+    pd: dict[str, Any] = {"enabled": role != "none"}
+    if role != "none":
+        if inv.urls is None:
+            inv.urls = {group: [f"http://{_url_host(_text(i.published.get('address')))}:{_jinja_int(i.port)}"
+                                for i in inv.instances if i.group == group] for group in ("prefill", "decode")}
+        urls = inv.urls
+        pd.update(role=role, kv_transfer_backend=pub.get("kv_transfer_backend", "nixl"),
+                  kv_buffer_device=s.get("kv_buffer_device", "cuda"),
+                  side_channel_host=_side_channel_host(inv, inst),
+                  kv_transfer_port=_jinja_int(inst.kv_transfer_port),
+                  prefill_instances=urls["prefill"], decode_instances=urls["decode"])
+    config: dict[str, Any] = {"server": server, "model": table, "kv_cache": kv, "scheduler": scheduler,
+                              "pd_disaggregation": pd}
+    if inst.variant == "cpu":
+        config["cpu"] = {}
+        if "cpus" in entry and _text(entry["cpus"]):
+            config["cpu"]["omp_threads_bind"] = str(entry["cpus"])
+    gpus = entry.get("gpus") or []
+    if gpus:
+        config["devices"] = {"cuda_visible_devices": ",".join(
+            str(g) for g in (gpus if isinstance(gpus, (list, tuple, str)) else [gpus]))}
+    sources: dict[str, str] = {}
+    unrenderable: list[tuple[str, str]] = []
+    environment, sources["environment"] = _unpublished(inv, inst, "environment")
+    if isinstance(environment, Mapping):
+        if environment:
+            config["environment"] = {str(k): _text(v) for k, v in sorted(environment.items(), key=lambda i: str(i[0]))}
+    elif environment is not None:
+        unrenderable.append((sources["environment"], f"is {_kind(environment)}, not a mapping of NAME: value."))
+    args, sources["extra_args"] = _unpublished(inv, inst, "extra_args")
+    if isinstance(args, (list, tuple)):
+        if args:
+            config["extra"] = {"args": [_text(a) for a in args]}
+    elif args is not None:
+        unrenderable.append((sources["extra_args"], f"is {_kind(args)}, not a list of vLLM flags and values."))
+    return config, sources, unrenderable
+
+
+def _toml_variable(inst: Instance, key: str, sources: Mapping[str, str]) -> str:
+    """The inventory variable a TOML key (``section.key``, ``extra.args[2]``, ``environment.NAME``) comes from."""
+    key = re.sub(r"\[\d+\]$", "", key)
+    section = key.split(".", 1)[0]
+    source = TOML_SOURCES.get(key)
+    if source is None and section in SETTING_SECTIONS and "." in key:
+        source = "setting:" + key.split(".", 1)[1]
+    source = source or TOML_SOURCES.get(section) or "vllm_instance_instances"
+    kind, _sep, name = source.partition(":")
+    if not name:
+        return source
+    if kind == "instance":
+        return f"vllm_instance_instances[{inst.name}].{name}"
+    if name in sources:
+        return sources[name]
+    return inst.variable(name)
+
+
+def _launcher_verdict(inv: _Inventory, inst: Instance) -> list[tuple[str, str, str]]:
+    """(variable, what, fix) for every problem the launcher would report on this instance's TOML."""
+    config, sources, unrenderable = _launcher_config(inv, inst)
+    out = [(variable, what, "fix the variable; the instance's TOML cannot be rendered from it.")
+           for variable, what in unrenderable]
+    for problem in launcher().validate(config):
+        where, _sep, rest = problem.partition(": ")
+        what, _sep, fix = rest.partition("; ")
+        fix = fix or "change it to a value the launcher accepts."
+        out.append((_toml_variable(inst, where, sources),
+                    f"the launcher on the host would refuse the instance's {where}: {what.rstrip('.')}.",
+                    fix if fix.endswith(".") else fix + "."))
+    return out
+
+
+def _check_launcher(rep: _Report, inv: _Inventory) -> None:
+    """Each instance's TOML through the launcher's own validate(); a variable another check already
+    reported for the instance is not reported twice."""
+    for inst in inv.instances:
+        label = f"{inst.host}/{inst.name}"
+        for variable, what, fix in _launcher_verdict(inv, inst):
+            if not rep.reported(variable, (inst.host, inst.label, label)):
+                rep.add("launcher", label, variable, what, fix)
+
+
+def _check_instance_keys(rep: _Report, inv: _Inventory) -> None:
+    """vllm_instance_api_key goes into each instance's EnvironmentFile and the router's nginx: the key
+    rule of the client keys (valid_api_key), or empty for none. The key is never shown."""
+    for host in inv.instance_pub:
+        variables = inv.variables.get(host)
+        if variables is None:
+            continue
+        key, state = _var(variables, "vllm_instance_api_key")
+        if state == "set" and not valid_api_key(key, allow_empty=True):
+            rep.add("secrets", host, "vllm_instance_api_key",
+                    f"is not a usable key (not shown): it must be empty (no key) or {API_KEY_RULE}; it is written into "
+                    "the instances' EnvironmentFile and the router's nginx configuration, where other characters "
+                    "(a newline, a quote, a space) would break or inject into them.",
+                    "generate one, e.g. `openssl rand -hex 32`, and keep it in Ansible Vault.")
+
+
 # --- the filters --------------------------------------------------------------------------------------
 
 
@@ -1211,8 +1539,10 @@ def pd_preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any]
         ("unsupported", lambda: _check_unsupported(rep, inv)),
         ("client", lambda: _check_client(rep, inv, opts)),
         ("network", lambda: (_check_network(rep, inv), _check_firewall(rep, inv))),
-        ("secrets", lambda: _check_secrets(rep, inv)),
+        ("secrets", lambda: (_check_secrets(rep, inv), _check_instance_keys(rep, inv))),
         ("booleans", lambda: _check_booleans(rep, inv, opts)),
+        # Last: it leaves out what the checks above already reported for the same instance and variable.
+        ("launcher", lambda: _check_launcher(rep, inv)),
     )
     for name, step in steps:
         try:
@@ -1235,6 +1565,25 @@ def kv_sizing(published_by_host: Mapping[str, Any], groups: Mapping[str, Any] | 
     return [_size(inst)[0] for inst in inv.instances]
 
 
+def launcher_problems(published: Mapping[str, Any], host: str, variables: Mapping[str, Any] | None = None) -> list[str]:
+    """The launcher check of one host, for the vllm_instance role's own preflight (see launcher_problems.yml)."""
+    rep = _Report()
+    if not isinstance(published, Mapping):
+        rep.add("launcher", host, "__vllm_instance_preflight", f"is {_kind(published)}, not the published settings.",
+                "run the vllm_instance role's publish tasks first.")
+        return rep.lines()
+    role = _text(published.get("pd_role"))
+    group = "decode" if role == "decode" else "prefill"
+    inv = _Inventory(groups={"prefill": [host] if group == "prefill" else [], "decode": [host] if group == "decode"
+                             else [], "router": []})
+    inv.instance_pub[host] = published
+    inv.variables[host] = variables if variables is not None else {}
+    inv.instances = _instances(host, group, published, rep)
+    _check_launcher(rep, inv)
+    return rep.lines()
+
+
 class FilterModule:
     def filters(self):
-        return {"pd_preflight": pd_preflight, "kv_sizing": kv_sizing}
+        return {"pd_preflight": pd_preflight, "kv_sizing": kv_sizing, "launcher_problems": launcher_problems,
+                "valid_api_key": valid_api_key}

@@ -988,6 +988,54 @@ def test_api_key_in_extra_args_is_not_echoed():
     assert problems and not any("sk-supersecret" in p for p in problems)
 
 
+SECRET_ARGS = [
+    ["--api-key", "sk-SECRET"],
+    ["--api-key=sk-SECRET"],
+    ["--api_key=sk-SECRET"],
+    ["--api-ke", "sk-SECRET"],  # an abbreviation argparse accepts
+    ["--hf-token", "hf_SECRET"],
+    ["--hf-token=hf_SECRET"],
+    ["--hf_token", "hf_SECRET"],
+    ["--hf-tok=hf_SECRET"],
+    ["--max-log-len", "100", "--hf-token", "hf_SECRET"],
+    ["--openai-api-key", "sk-SECRET"],  # any --*-key / --*-token / --*-secret / --*-password
+    ["--s3-secret=SECRET"],
+    ["--db-password", "SECRET"],
+    ["--proxy-passwd=SECRET"],
+    ["--access-token", "SECRET"],
+]
+
+
+@pytest.mark.parametrize("args", SECRET_ARGS)
+def test_secret_bearing_extra_args_are_refused_without_echoing_the_secret(args):
+    problems = problems_of(minimal(extra={"args": args}))
+    assert len(problems) == 1, problems
+    assert " is not allowed: " in problems[0]
+    assert "EnvironmentFile" in problems[0]
+    assert "SECRET" not in problems[0]
+
+
+@pytest.mark.parametrize(("item", "text"), [
+    ("--api-key", "the vllm_instance role: set vllm_instance_api_key"),
+    ("--hf-token", "put HF_TOKEN in the instance's EnvironmentFile"),
+    ("--my-token", "the vllm_instance role writes vllm_instance_api_key there"),
+])
+def test_secret_flags_say_where_the_secret_goes_instead(item, text):
+    assert text in only_problem(minimal(extra={"args": [item, "x"]}))
+
+
+@pytest.mark.parametrize("args", [
+    ["--return-tokens-as-token-ids"],
+    ["--enable-prompt-tokens-details"],
+    ["--ssl-keyfile", "/etc/vllm/key.pem", "--ssl-certfile", "/etc/vllm/cert.pem"],
+    ["--allow-credentials"],
+    ["--long-prefill-token-threshold", "512"],
+    ["--tokenizer-mode", "auto"],
+])
+def test_flags_that_only_mention_keys_or_tokens_are_allowed(args):
+    assert problems_of(minimal(extra={"args": args})) == []
+
+
 @pytest.mark.parametrize(("item", "target"), [("--max-model", "--max-model-len"), ("--api", "--api-key")])
 def test_extra_args_abbreviations_of_owned_flags(item, target):
     problem = only_problem(minimal(extra={"args": [item, "1"]}))
@@ -1329,11 +1377,77 @@ def test_secret_looking_environment_values_are_redacted_in_log(write_toml, capsy
 
 
 def test_log_line_quotes_values_for_the_shell(write_toml, capsys, fake_exec):
-    path = write_toml('[server]\nserved_model_name = "my model"\n[model]\nname = "/m"\n[environment]\nX = "a b"\n')
+    path = write_toml('[server]\nserved_model_name = "my model"\n[model]\nname = "/m"\n'
+                      '[environment]\nUCX_NET_DEVICES = "mlx5_0:1 mlx5_1:1"\n')
     assert launch.main(["--config", str(path), "--vllm-bin", "/v/vllm"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"{PREFIX}: exec: /v/vllm serve /m --served-model-name 'my model'"
-    assert err[1] == f"{PREFIX}: env: X='a b'"
+    assert err[1] == f"{PREFIX}: env: UCX_NET_DEVICES='mlx5_0:1 mlx5_1:1'"
+
+
+# Values the log shows (known-safe names) and values it must not (anything else, secret-looking names under
+# a safe prefix, URL credentials under any name).
+SHOWN_ENV = {
+    "CUDA_VISIBLE_DEVICES": "0,1",
+    "OMP_NUM_THREADS": "4",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_LOGGING_LEVEL": "INFO",
+    "VLLM_USAGE_STATS_SERVER": "https://stats.example",
+    "UCX_TLS": "tcp,cuda_copy",
+    "NCCL_SOCKET_IFNAME": "eth0",
+}
+REDACTED_ENV = {
+    "HTTPS_PROXY": "http://proxyuser:Pr0xyPassw0rd@proxy.example:3128",
+    "HTTP_PROXY": "http://proxy.example:3128",  # not a known-safe name: redacted even without a password
+    "NO_PROXY": "localhost",
+    "MY_SETTING": "harmless-but-unknown",
+    "DATABASE_URL": "postgres://app:dbsecret@db/app",
+    "HF_TOKEN": "hf_abcdefSECRET",
+    "VLLM_S3_SECRET_ACCESS": "s3SECRET",
+    "VLLM_CUSTOM_AUTH_HEADER": "Bearer xyzSECRET",
+    "UCX_PASSWORD": "ucxSECRET",
+    "VLLM_USAGE_STATS_URL": "https://statsuser:statsSECRET@stats.example",  # a safe prefix, but URL credentials
+}
+
+
+def test_only_known_safe_environment_values_are_logged(write_toml, capsys, fake_exec, monkeypatch):
+    monkeypatch.setenv("SITE_KEY", "site-key-SECRET-0123456789")
+    table = "".join(f"{name} = {json.dumps(value)}\n" for name, value in {**SHOWN_ENV, **REDACTED_ENV}.items()
+                    if name != "CUDA_VISIBLE_DEVICES")
+    path = write_toml(f'[server]\napi_key_env = "SITE_KEY"\n[model]\nname = "m"\n[devices]\n'
+                      f'cuda_visible_devices = "0,1"\n[environment]\n{table}')
+    assert launch.main(["--config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert f"{PREFIX}: env: VLLM_API_KEY=<redacted>" in err.splitlines()
+    for name, value in SHOWN_ENV.items():
+        assert f"{PREFIX}: env: {name}={shlex.quote(value)}" in err.splitlines(), name
+    for name, value in REDACTED_ENV.items():
+        assert f"{PREFIX}: env: {name}=<redacted>" in err.splitlines(), name
+        assert value not in err, name
+    assert "site-key-SECRET" not in err and "Passw0rd" not in err
+    # The child still gets every value.
+    assert {name: fake_exec[0][2][name] for name in REDACTED_ENV} == REDACTED_ENV
+
+
+@pytest.mark.parametrize(("name", "value", "shown"), [
+    ("VLLM_API_KEY", "abc", False),
+    ("SITE_KEY", "abc", False),  # the api_key_env variable, whatever its name
+    ("VLLM_NIXL_SIDE_CHANNEL_HOST", "10.0.0.1", True),
+    ("VLLM_CPU_OMP_THREADS_BIND", "0-3", True),
+    ("VLLM_CPU_KVCACHE_SPACE", "4", True),
+    ("VLLM_MAX_TOKENS_PER_EXPERT", "8", False),  # looks secret (TOKEN): redacted, to be safe
+    ("NCCL_DEBUG", "ftp://u:p@h/x", False),
+    ("NCCL_DEBUG", "INFO", True),
+    ("lower_case", "x", False),
+])
+def test_loggable(name, value, shown):
+    assert launch.loggable(name, value, "SITE_KEY") is shown
+
+
+def test_every_variable_the_launcher_sets_is_logged_in_the_clear_except_the_key():
+    for name in launch.ENV_OWNERS:
+        assert launch.loggable(name, "x") is (name != launch.API_KEY_VAR), name
 
 
 # --------------------------------------------------------------------------- as a script
@@ -1364,8 +1478,65 @@ def test_script_invalid_config_end_to_end(write_toml):
     assert result.stderr.startswith(f"{PREFIX}: {path}: server.port: must be an integer, got boolean true")
 
 
-def test_quantization_methods_match_the_preflight():
-    # The launcher runs on hosts with the standard library only, so it keeps its own copy.
+def test_the_preflight_uses_this_launcher_and_keeps_no_copy_of_its_vocabulary():
+    # The launcher runs on hosts with the standard library only; the controller-side preflight loads it
+    # from the collection (tests/unit/test_launcher_agreement.py walks its values through the preflight).
     from ansible_collections.inferops.vllm.plugins.filter import preflight
 
-    assert tuple(launch.QUANTIZATION_METHODS) == tuple(preflight.QUANTIZATION_METHODS)
+    assert Path(preflight.launcher().__file__).resolve() == LAUNCHER
+    for name in ("DTYPES", "QUANTIZATION_METHODS", "KV_CACHE_DTYPES", "BLOCK_SIZES", "DEFAULT_BLOCK_SIZE",
+                 "DEFAULT_BLOCK_SIZES", "KV_TRANSFER_BACKENDS", "KV_BUFFER_DEVICES", "LOW_BIT_KV_RE", "DTYPE_ALIASES"):
+        assert not hasattr(preflight, name), name
+    source = (LAUNCHER.parents[3] / "plugins" / "filter" / "preflight.py").read_text(encoding="utf-8")
+    for value in ('"compressed-tensors"', '"fp8_e5m2"', "(1, 8, 16, 32, 64, 128)", '"experts_int8"'):
+        assert value not in source, value
+
+
+# --------------------------------------------------------------------------- vocabulary: resolved values
+
+
+@pytest.mark.parametrize(("dtype", "checkpoint", "resolved"), [
+    ("auto", "bfloat16", "bfloat16"),
+    ("auto", "float16", "float16"),
+    ("auto", "float32", "bfloat16"),  # vLLM 0.32 downcasts float32 checkpoints to the platform's preferred dtype
+    ("auto", "half", "float16"),
+    ("auto", None, None),
+    (None, "bfloat16", "bfloat16"),
+    ("", "float16", "float16"),
+    ("half", "bfloat16", "float16"),
+    ("float", "bfloat16", "float32"),
+    ("float32", None, "float32"),
+    ("bfloat16", "float16", "bfloat16"),
+])
+def test_resolve_dtype(dtype, checkpoint, resolved):
+    assert launch.resolve_dtype(dtype, checkpoint) == resolved
+
+
+@pytest.mark.parametrize(("kv", "model", "resolved"), [
+    ("auto", "bfloat16", "bfloat16"),
+    ("auto", "float16", "float16"),
+    ("auto", None, None),
+    (None, "float32", "float32"),
+    ("fp8", "bfloat16", "fp8_e4m3"),
+    ("fp8_e4m3", "float16", "fp8_e4m3"),
+    ("fp8_e5m2", None, "fp8_e5m2"),
+    ("bfloat16", "float16", "bfloat16"),
+])
+def test_resolve_kv_cache_dtype(kv, model, resolved):
+    assert launch.resolve_kv_cache_dtype(kv, model) == resolved
+
+
+@pytest.mark.parametrize(("block", "variant", "resolved"), [
+    (None, "cuda", 16), (0, "cuda", 16), (0, "cpu", 128), (None, "cpu", 128), (32, "cpu", 32), (8, "cuda", 8),
+    (0, "rocm", 16),
+])
+def test_resolve_block_size(block, variant, resolved):
+    assert launch.resolve_block_size(block, variant) == resolved
+
+
+def test_vocabulary_resolves_into_itself():
+    assert set(launch.DEFAULT_BLOCK_SIZES.values()) <= set(launch.BLOCK_SIZES)
+    assert set(launch.DTYPE_SYNONYMS) | set(launch.DTYPE_SYNONYMS.values()) <= set(launch.DTYPES)
+    assert set(launch.AUTO_DTYPES.values()) <= set(launch.DTYPES)
+    kv_synonyms = set(launch.KV_CACHE_DTYPE_SYNONYMS) | set(launch.KV_CACHE_DTYPE_SYNONYMS.values())
+    assert kv_synonyms <= set(launch.KV_CACHE_DTYPES)

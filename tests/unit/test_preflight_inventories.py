@@ -145,3 +145,131 @@ def test_deploy_pd_stops_at_the_preflight_and_changes_nothing(runs):
     assert "PLAY [Check the inventory before changing any host]" not in output
     assert "Gathering Facts" not in output and "vllm_install :" not in output
     _assert_untouched(DEPLOY_CASE, output)
+
+
+# --- the launcher's refusals and the key rule, in real runs -------------------------------------------
+
+SECRETS = ("sk-live-EXTRA-SECRET-0001", "hf_OVERRIDE_SECRET_0001", "bad instance key SECRET", "short-KEY")
+
+
+def _secret_case(tmp_path: Path) -> Path:
+    """tests/preflight/good with secret-bearing extra args (host-wide and in one instance's overrides), an
+    instance key with spaces and a client key that is too short."""
+    case = tmp_path / "inventory"
+    shutil.copytree(CASES_DIR / GOOD, case)
+    (tmp_path / "models").symlink_to(CASES_DIR / "models", target_is_directory=True)
+    hosts = (case / "hosts.yml").read_text(encoding="utf-8").replace(
+        "      ansible_host: 192.0.2.11\n",
+        "      ansible_host: 192.0.2.11\n"
+        "      vllm_instance_instances:\n"
+        "        - {name: prefill-0, port: 8100, kv_transfer_port: 5600,\n"
+        f"           overrides: {{extra_args: ['--hf-token={SECRETS[1]}']}}}}\n")
+    (case / "hosts.yml").write_text(hosts, encoding="utf-8")
+    all_yml = case / "group_vars" / "all.yml"
+    text = all_yml.read_text(encoding="utf-8")
+    text, count = re.subn(r"^vllm_instance_api_key: .*$", f"vllm_instance_api_key: '{SECRETS[2]}'", text, flags=re.M)
+    assert count == 1
+    text, count = re.subn(r"^vllm_router_api_keys:\n", f"vllm_router_api_keys:\n  - {SECRETS[3]}\n", text, flags=re.M)
+    assert count == 1
+    text += f"vllm_instance_extra_args: ['--max-log-len', '100', '--api-key', '{SECRETS[0]}']\n"
+    all_yml.write_text(text, encoding="utf-8")
+    return case
+
+
+def test_launcher_refusals_and_bad_keys_stop_the_preflight_without_showing_them(tmp_path):
+    case = _secret_case(tmp_path)
+    run = subprocess.run(
+        [ANSIBLE_PLAYBOOK, "-i", str(case), str(REPO / "playbooks" / "preflight.yml")],
+        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=180, check=False,
+    )
+    output = _output(run)
+    assert run.returncode != 0, output
+    for pattern in (
+        r"PD preflight: 4 problem\(s\); no host was contacted or changed\.",
+        r"\[launcher\] prefill-1/prefill-0: vllm_instance_instances\[prefill-0\]\.overrides\.extra_args: the launcher "
+        r"on the host would refuse the instance's extra\.args\[0\]: \"--hf-token\" is not allowed",
+        r"\[launcher\] decode-1/decode-0: vllm_instance_extra_args: the launcher on the host would refuse the "
+        r"instance's extra\.args\[2\]: \"--api-key\" is not allowed: .* Fix: put the key in the EnvironmentFile",
+        r"\[secrets\] prefill-1, decode-1: vllm_instance_api_key: is not a usable key \(not shown\)",
+        r"\[secrets\] router-1: vllm_router_api_keys: 1 of its keys is not usable \(not shown\)",
+    ):
+        assert re.search(pattern, output), f"{pattern!r} not in:\n{output}"
+    for secret in SECRETS:
+        assert secret not in output, secret
+    recap = {m[1]: tuple(int(x) for x in m.groups()[1:]) for m in RECAP_RE.finditer(output)}
+    assert set(recap) == {"prefill-1", "decode-1", "router-1"}, output
+    assert all(counts[1] == 0 and counts[2] == 0 for counts in recap.values()), output
+
+
+# The vllm_instance role's own preflight (what deploy_pd.yml and the role run before changing a host),
+# on localhost: after gathering network facts it runs only controller-side actions (assert, set_fact).
+ROLE_PREFLIGHT = """\
+- name: The vllm_instance role's preflight
+  hosts: localhost
+  # The role's argument spec resolves vllm_instance_host_address's default, which needs network facts.
+  gather_facts: true
+  gather_subset: [network]
+  vars:
+    vllm_instance_model: HuggingFaceTB/SmolLM2-135M-Instruct
+    vllm_instance_host_address: 127.0.0.1
+    vllm_instance_api_key: "{{ lookup('ansible.builtin.env', 'TEST_INSTANCE_KEY') }}"
+    vllm_instance_extra_args: "{{ lookup('ansible.builtin.env', 'TEST_EXTRA_ARGS') | from_json }}"
+    vllm_instance_kv_cache_dtype: "{{ lookup('ansible.builtin.env', 'TEST_KV_CACHE_DTYPE') }}"
+  tasks:
+    - name: Run it
+      ansible.builtin.include_role:
+        name: inferops.vllm.vllm_instance
+        tasks_from: preflight
+"""
+ROLE_RUNS = {
+    # A key that breaks the EnvironmentFile: refused by the no_log key check, before the launcher check.
+    "bad_key": {"TEST_INSTANCE_KEY": "bad key SECRET\nX=1", "TEST_EXTRA_ARGS": "[]", "TEST_KV_CACHE_DTYPE": "auto"},
+    "secret_args": {"TEST_INSTANCE_KEY": "good-instance-key-000001",
+                    "TEST_EXTRA_ARGS": '["--max-log-len", "100", "--hf-token=hf_ROLE_SECRET"]',
+                    "TEST_KV_CACHE_DTYPE": "auto"},
+    # Values of the launcher's vocabulary the old role lists lacked (fp8_inc) pass.
+    "good": {"TEST_INSTANCE_KEY": "", "TEST_EXTRA_ARGS": '["--max-log-len", "100"]', "TEST_KV_CACHE_DTYPE": "fp8_inc"},
+}
+
+
+@pytest.fixture(scope="module")
+def role_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
+    playbook = tmp_path_factory.mktemp("role-preflight") / "preflight.yml"
+    playbook.write_text(ROLE_PREFLIGHT, encoding="utf-8")
+
+    def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
+             str(playbook)],
+            cwd=REPO, env=playbook_env(ANSIBLE_LOCALHOST_WARNING="0", **env), capture_output=True, text=True,
+            timeout=180, check=False,
+        )
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run, env) for name, env in ROLE_RUNS.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def test_the_roles_preflight_refuses_a_bad_instance_key_without_showing_it(role_runs):
+    run = role_runs["bad_key"]
+    output = _output(run)
+    assert run.returncode != 0, output
+    assert re.search(r"TASK \[inferops\.vllm\.vllm_instance : Check vllm_instance_api_key .*\]", output), output
+    assert re.search(r"fatal: \[localhost\]: FAILED!.*censored", output, re.DOTALL), output
+    assert "SECRET" not in output
+    assert "Check each instance's settings as its launcher will" not in output  # it stopped at the key
+
+
+def test_the_roles_preflight_refuses_what_the_launcher_would_without_showing_secrets(role_runs):
+    run = role_runs["secret_args"]
+    output = _output(run)
+    assert run.returncode != 0, output
+    assert "localhost: the launcher would refuse these settings:" in output, output
+    assert re.search(r"\[launcher\] localhost/vllm-0: vllm_instance_extra_args: the launcher on the host would refuse "
+                     r"the instance's extra\.args\[2\]: \\?\"--hf-token\\?\" is not allowed", output), output
+    assert "hf_ROLE_SECRET" not in output
+
+
+def test_the_roles_preflight_accepts_what_the_launcher_accepts(role_runs):
+    run = role_runs["good"]
+    assert run.returncode == 0, _output(run)

@@ -23,7 +23,9 @@ library only (``tomli`` is used on Python 3.10, which has no ``tomllib``).
 Modes
     default     validate, build, log ``inferops-vllm-launch: exec: <cmd>`` and one
                 ``inferops-vllm-launch: env: NAME=value`` line per variable the
-                launcher sets (secrets shown as ``<redacted>``) to stderr, run vLLM.
+                launcher sets to stderr, run vLLM.  Only the values of known-safe
+                variables are shown (see SAFE_ENV_NAMES / SAFE_ENV_PREFIXES); every
+                other value, and any value holding URL credentials, is ``<redacted>``.
     --check     validate and build, print the same lines to stdout followed by
                 ``inferops-vllm-launch: <path>: config OK``; never starts vLLM.
 ``--vllm-bin`` defaults to ``vllm`` next to the running interpreter
@@ -80,12 +82,24 @@ table order, then ``extra.args`` verbatim)::
     [environment]                     extra NAME = "value" variables (names [A-Z_][A-Z0-9_]*; may not set
                                       a variable the launcher owns, nor the API key)
     extra.args                        appended to argv; may not pass a flag the launcher generates
-                                      (nor --api-key, --config, --model), in any spelling vLLM accepts
+                                      (nor --config, --model), nor a secret-bearing flag (--api-key,
+                                      --hf-token, any --*-key/--*-token/--*-secret/--*-password: the argv
+                                      is logged and visible in ps), in any spelling vLLM accepts
 
 Rejected keys (removed or never-existing vLLM features) are reported with the
 replacement to use; see REJECTED_KEYS.
 
+Vocabulary: the constants below (DTYPES, QUANTIZATION_METHODS, KV_CACHE_DTYPES,
+BLOCK_SIZES, KV_BUFFER_DEVICES, KV_TRANSFER_BACKENDS, RESERVED_FLAGS, ...) and the
+resolve_* functions (what vLLM makes of ``auto`` and of an unset block size) are
+the single source of what is accepted: the collection's controller-side preflight
+(plugins/filter/preflight.py) loads this file and runs validate() on the config
+every instance would get, so it refuses exactly what the launcher refuses.
+
 Python API (used by the unit tests):
+    resolve_dtype(dtype, checkpoint_dtype)        the weight dtype vLLM runs with (None: unknown)
+    resolve_kv_cache_dtype(kv, model_dtype)       the KV cache dtype vLLM stores (None: unknown)
+    resolve_block_size(block_size, variant)       tokens per KV block ("cpu" or "cuda" build)
     validate(config, environ=None) -> list[str]   all problems; environment-dependent
                                                   checks run only when environ is given
     build(config, environ) -> (args, env)         args: the argv *without* the executable,
@@ -153,13 +167,37 @@ QUANTIZATION_METHODS = (
 )
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+# vLLM's block size when --block-size is not given (the launcher then passes none): CacheConfig's
+# DEFAULT_BLOCK_SIZE (16) on GPUs, 128 on the CPU build (vllm/platforms/cpu.py), by vLLM build.
+DEFAULT_BLOCK_SIZES = {"cuda": 16, "cpu": 128}
+# Spellings vLLM treats as the same dtype.
+DTYPE_SYNONYMS = {"half": "float16", "float": "float32"}
+KV_CACHE_DTYPE_SYNONYMS = {"fp8": "fp8_e4m3"}
+# --dtype auto by checkpoint dtype (config.json torch_dtype): vLLM keeps 16-bit checkpoints as they
+# are and downcasts float32 ones to the platform's preferred dtype, bfloat16 on GPUs since Ampere
+# and on x86/aarch64 CPUs (vllm/config/model.py _resolve_auto_dtype).
+AUTO_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "bfloat16"}
 PD_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 KV_TRANSFER_BACKENDS = {"nixl": "NixlConnector"}
 KV_BUFFER_DEVICES = ("cuda", "cpu")
 
 ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
-# Values of variables whose names look like this are never logged.
-SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL")
+# The log shows the values of these variables only; every other value is <redacted> (an
+# [environment] entry may carry a token or a proxy URL with a password under any name).
+SAFE_ENV_NAMES = frozenset({
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY",
+    "HF_HOME", "HF_HUB_CACHE", "PYTORCH_CUDA_ALLOC_CONF", "PYTHONUNBUFFERED", "TZ", "LANG", "LC_ALL",
+})
+# ... and of these families (vLLM's own settings, the KV transfer and collective libraries), unless
+# the name looks secret (SECRET_NAME_RE).
+SAFE_ENV_PREFIXES = ("VLLM_", "UCX_", "NIXL_", "NCCL_", "GLOO_")
+SECRET_NAME_RE = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH")
+# user:password@ in a URL (http://user:pw@proxy:3128): never logged, whatever the variable.
+URL_CREDENTIALS_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*@")
+# vLLM flags that carry a secret on the command line (which the launcher logs and ps shows): the
+# named ones, and any other --*-key / --*-token / --*-secret / --*-password.
+SECRET_FLAG_RE = re.compile(r"--(?:[a-z0-9]+-)*(?:key|token|secret|password|passwd)")
 # "2bit", "int4", "4-bit", "q4", "nvfp4", "8" ...: integer/low-bit KV cache formats vLLM does not have.
 LOW_BIT_KV_RE = re.compile(r"(?:u?int|i|q|nf|(?:nv|mx)?fp)?[-_]?(\d{1,2})(?:[-_ ]?(?:bits?|b))?")
 
@@ -268,11 +306,20 @@ NCCL_REMOVED = (
 
 # vLLM short aliases for flags the launcher owns.
 SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
+_SECRET_FIX = (
+    "put it in the instance's EnvironmentFile instead (the vllm_instance role writes vllm_instance_api_key "
+    "there as VLLM_API_KEY; server.api_key_env names the variable)"
+)
 # Flags in extra.args that are always refused, with the reason / what to do instead.
 RESERVED_FLAGS = {
     "--api-key": (
         "--api-key would put the API key on vLLM's command line (visible in ps and logs); put the key in the "
-        "EnvironmentFile and name it with server.api_key_env"
+        "EnvironmentFile and name it with server.api_key_env (the vllm_instance role: set vllm_instance_api_key)"
+    ),
+    "--hf-token": (
+        "--hf-token would put the Hugging Face token on vLLM's command line (visible in ps and logs); "
+        "put HF_TOKEN in the instance's EnvironmentFile, or let the vllm_instance role fetch the model "
+        "before vLLM starts (vllm_instance_hf_token)"
     ),
     "--config": (
         "--config (a vLLM YAML config) would bypass this TOML, which the launcher owns; "
@@ -310,6 +357,33 @@ def _env_owners() -> dict[str, str]:
 
 FLAG_OWNERS = _flag_owners()
 ENV_OWNERS = _env_owners()
+
+
+def resolve_dtype(dtype: str | None, checkpoint_dtype: str | None) -> str | None:
+    """The weight dtype vLLM runs with for model.dtype (None or "" = auto) and the checkpoint's
+    dtype (config.json torch_dtype); None when it is auto and the checkpoint's dtype is unknown."""
+    dtype = dtype or "auto"
+    if dtype == "auto":
+        checkpoint = DTYPE_SYNONYMS.get(checkpoint_dtype or "", checkpoint_dtype)
+        return AUTO_DTYPES.get(checkpoint or "")
+    return DTYPE_SYNONYMS.get(dtype, dtype)
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str | None, model_dtype: str | None) -> str | None:
+    """The dtype vLLM stores the KV cache in: kv_cache.quant_dtype (None or "" = auto), auto being the
+    resolved weight dtype (resolve_dtype); None when that is unknown."""
+    kv_cache_dtype = kv_cache_dtype or "auto"
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    return KV_CACHE_DTYPE_SYNONYMS.get(kv_cache_dtype, kv_cache_dtype)
+
+
+def resolve_block_size(block_size: int | None, variant: str = "cuda") -> int:
+    """Tokens per KV block: kv_cache.block_size, or vLLM's default for the build ("cuda" or "cpu")
+    when it is not set (None or 0)."""
+    if block_size:
+        return block_size
+    return DEFAULT_BLOCK_SIZES.get(variant, DEFAULT_BLOCK_SIZES["cuda"])
 
 
 class ConfigError(Exception):
@@ -531,6 +605,11 @@ def _check_extra_args(args: list[str]) -> list[str]:
         shown = _toml(item.split("=", 1)[0])
         if name in RESERVED_FLAGS:
             problems.append(f"{where}: {shown} is not allowed: {RESERVED_FLAGS[name]}")
+        elif SECRET_FLAG_RE.fullmatch(name):
+            problems.append(
+                f"{where}: {shown} is not allowed: it would put a secret on vLLM's command line (visible in ps "
+                f"and logs); {_SECRET_FIX}"
+            )
         elif name in FLAG_OWNERS:
             owner = FLAG_OWNERS[name]
             problems.append(
@@ -539,7 +618,12 @@ def _check_extra_args(args: list[str]) -> list[str]:
         else:
             # argparse accepts unambiguous abbreviations of long flags.
             owned = [flag for flag in (*FLAG_OWNERS, *RESERVED_FLAGS) if flag.startswith(name)]
-            if owned:
+            if len(owned) == 1 and owned[0] in RESERVED_FLAGS:
+                problems.append(
+                    f"{where}: {shown} is not allowed: vLLM would read it as an abbreviation of {owned[0]}; "
+                    f"{RESERVED_FLAGS[owned[0]]}"
+                )
+            elif owned:
                 keys = ", ".join(FLAG_OWNERS.get(flag, flag) for flag in owned)
                 problems.append(
                     f"{where}: {shown} is not allowed: vLLM would read it as an abbreviation of "
@@ -745,15 +829,21 @@ def build(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> tuple
 # --------------------------------------------------------------------------- command line
 
 
-def _is_secret(name: str, api_key_env: str | None) -> bool:
-    return name in (API_KEY_VAR, api_key_env) or bool(SECRET_NAME_RE.search(name))
+def loggable(name: str, value: str, api_key_env: str | None = None) -> bool:
+    """Whether the log may show this variable's value: a known-safe name, and no URL credentials."""
+    if name in (API_KEY_VAR, api_key_env) or URL_CREDENTIALS_RE.search(value):
+        return False
+    if name in SAFE_ENV_NAMES:
+        return True
+    return name.startswith(SAFE_ENV_PREFIXES) and not SECRET_NAME_RE.search(name)
 
 
 def report_lines(argv: Sequence[str], env: Mapping[str, str], api_key_env: str | None = None) -> list[str]:
-    """The log lines for a launch: the shell-quoted command, then one line per variable (secrets redacted)."""
+    """The log lines for a launch: the shell-quoted command, then one line per variable (only known-safe
+    values shown, the others redacted)."""
     lines = [f"{PROG}: exec: {shlex.join(argv)}"]
     for name, value in env.items():
-        shown = REDACTED if _is_secret(name, api_key_env) else shlex.quote(value)
+        shown = shlex.quote(value) if loggable(name, value, api_key_env) else REDACTED
         lines.append(f"{PROG}: env: {name}={shown}")
     return lines
 

@@ -1,0 +1,482 @@
+"""The preflight and the launcher agree: one vocabulary, walked value by value.
+
+Every value of the launcher's vocabulary (roles/vllm_instance/files/inferops_vllm_launch.py: DTYPES,
+QUANTIZATION_METHODS, KV_CACHE_DTYPES, BLOCK_SIZES, KV_BUFFER_DEVICES, KV_TRANSFER_BACKENDS, the flags
+extra args may not pass, the variables [environment] may not set), and values next to it that it
+refuses, goes through the launcher's own validate() on a minimal TOML and through the controller-side
+preflight (inferops.vllm.pd_preflight on a whole inventory, and launcher_problems as the role's
+preflight calls it). The preflight must refuse exactly what the launcher refuses, naming the host,
+the instance and the variable. Parity checks compare resolved values (auto dtypes, default block
+sizes), with the launcher's rules.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
+
+
+def _import_launcher():
+    spec = importlib.util.spec_from_file_location("inferops_vllm_launch_agreement", LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The launcher as a host runs it, imported on its own (not through the preflight).
+launch = _import_launcher()
+
+SMOL = {"num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30, "head_dim": 64,
+        "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
+GIB = 1 << 30
+
+
+def settings(**kw: Any) -> dict[str, Any]:
+    base = {
+        "dtype": "auto", "max_model_len": 512, "quantization": "", "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1, "enforce_eager": False, "trust_remote_code": False, "kv_cache_dtype": "auto",
+        "kv_cache_memory_bytes": GIB, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": 0, "block_size": 0,
+        "enable_prefix_caching": True, "max_num_seqs": 0, "max_num_batched_tokens": 0,
+        "enable_chunked_prefill": None, "kv_buffer_device": "cpu",
+    }
+    base.update(kw)
+    return base
+
+
+def published(role: str, *, backend: str = "nixl", variant: str = "cpu", facts: dict | None = None,
+              instances: list[dict] | None = None, **kw: Any) -> dict[str, Any]:
+    """A host's __vllm_instance_preflight as roles/vllm_instance/tasks/publish.yml sets it."""
+    host_settings = settings(**kw)
+    address = "10.0.0.11" if role == "prefill" else "10.0.0.21"
+    if instances is None:
+        instances = [{"name": f"{role}-0", "port": 8100 if role == "prefill" else 8200,
+                      "kv_transfer_port": 5600 if role == "prefill" else 5700}]
+    resolved = [{**i, "overrides": dict(i.get("overrides") or {}),
+                 "settings": {**host_settings, **(i.get("overrides") or {})}} for i in instances]
+    return {
+        "pd_role": role, "address": address, "served_model_name": "smol", "instances": resolved,
+        "settings": host_settings, "host_address": address, "host_address_source": "vllm_instance_host_address",
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "model_revision": "main", "model_is_local": False,
+        "model_facts": dict(SMOL) if facts is None else facts, "kv_transfer_backend": backend,
+        "vllm_version": "0.32.0", "vllm_variant": variant, "api_key_set": True, "api_key_broken": False,
+        "unsupported": {}, "booleans": {"vllm_install_wheelhouse_keep": False},
+    }
+
+
+def hostvars(prefill: dict | None = None, decode: dict | None = None, variables: dict | None = None,
+             **both: Any) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """(hostvars, groups) of p1 (prefill), d1 (decode) and r1 (router): ``both`` goes to the published
+    settings of both hosts, ``variables`` into both hosts' inventory variables."""
+    out = {
+        "p1": {"__vllm_instance_preflight": published("prefill", **{**both, **(prefill or {})}), **(variables or {})},
+        "d1": {"__vllm_instance_preflight": published("decode", **{**both, **(decode or {})}), **(variables or {})},
+        "r1": {"vllm_router_api_keys": ["router-client-key-000001"]},
+    }
+    return out, {"prefill": ["p1"], "decode": ["d1"], "router": ["r1"]}
+
+
+def names(line: str, variable: str) -> bool:
+    return re.search(rf"(?:\] |: ){re.escape(variable)}: ", line) is not None
+
+
+# --- the launcher's verdict ---------------------------------------------------------------------------
+
+PD = {"enabled": True, "role": "prefill", "side_channel_host": "10.0.0.11", "kv_transfer_port": 5600}
+
+
+def launcher_refuses(section: str, key: str, value: Any) -> bool:
+    config: dict[str, Any] = {"server": {}, "model": {"name": "/var/lib/vllm/models/m"}}
+    if section == "pd_disaggregation":
+        config[section] = dict(PD)
+    config.setdefault(section, {})[key] = value
+    return bool(launch.validate(config))
+
+
+# --- every value: (setting, TOML section, TOML key, value) ---------------------------------------------
+
+REFUSED_SAMPLES = {
+    "dtype": ["bf16", "fp16", "float64", "Auto", "BFLOAT16", "int8", "fp8", "bfloat"],
+    "quantization": ["int4", "AWQ", "gptq-4bit", "nf4", "fp4", "awq4", "q4_k_m"],
+    "kv_cache_dtype": ["int2", "2bit", "int4", "4-bit", "fp4", "int8", "q8", "FP8", "fp16", "fp8-e4m3", "e4m3"],
+    "block_size": [2, 4, 24, 48, 256, 512],
+    "kv_buffer_device": ["gpu", "CUDA", "nvme", "host"],
+    "kv_transfer_backend": ["nccl", "p2pnccl", "NIXL", "mooncake", "lmcache"],
+    "gpu_memory_utilization": [0.0, -0.1, 1.01, 1.5, 2],
+}
+VOCABULARY = {
+    "dtype": ("model", "dtype", launch.DTYPES),
+    "quantization": ("model", "quantization", launch.QUANTIZATION_METHODS),
+    "kv_cache_dtype": ("kv_cache", "quant_dtype", launch.KV_CACHE_DTYPES),
+    "block_size": ("kv_cache", "block_size", launch.BLOCK_SIZES),
+    "kv_buffer_device": ("pd_disaggregation", "kv_buffer_device", launch.KV_BUFFER_DEVICES),
+    "kv_transfer_backend": ("pd_disaggregation", "kv_transfer_backend", tuple(launch.KV_TRANSFER_BACKENDS)),
+    "gpu_memory_utilization": ("kv_cache", "gpu_memory_utilization", (0.05, 0.5, 0.9, 1.0)),
+}
+VALUE_CASES = [(setting, section, key, value)
+               for setting, (section, key, accepted) in VOCABULARY.items()
+               for value in (*accepted, *REFUSED_SAMPLES[setting])]
+
+SECRET = "sk-AGREEMENT-SECRET-0001"
+ALLOWED_ARGS = [
+    ["--max-log-len", "100"],
+    ["--disable-log-requests", "--uvicorn-log-level", "warning"],
+    ["--return-tokens-as-token-ids"],
+    ["--ssl-keyfile", "/etc/vllm/key.pem"],
+    ["--allow-credentials"],
+    ["--long-prefill-token-threshold", "512"],
+    ["--kv-cache-dtype-skip-layers", "0"],
+    ["-O3"],
+]
+REFUSED_ARGS = (
+    # Every flag the launcher generates (both boolean spellings) and every reserved flag, in the
+    # spellings vLLM accepts; the secret-bearing ones with a secret that must not be shown.
+    [[flag, "1"] for flag in launch.FLAG_OWNERS]
+    + [[f"{flag}={SECRET}"] for flag in launch.RESERVED_FLAGS]
+    + [[flag.replace("-", "_").replace("__", "--", 1), SECRET] for flag in launch.RESERVED_FLAGS]
+    + [[alias, "2"] for alias in launch.SHORT_ALIASES]
+    + [["--openai-api-key", SECRET], ["--db-password", SECRET], [f"--s3-secret={SECRET}"], ["--access-token", SECRET],
+       ["--api", SECRET], ["--hf-tok", SECRET], ["--max-model", "512"], ["-qawq"], ["max-log-len", "100"]]
+)
+ALLOWED_ENV = ["UCX_TLS", "UCX_NET_DEVICES", "HTTPS_PROXY", "HF_HUB_OFFLINE", "OMP_NUM_THREADS", "VLLM_LOGGING_LEVEL"]
+REFUSED_ENV = [*launch.ENV_OWNERS, "lower_case", "1ABC", "WITH-DASH"]
+
+ALL_CASES = (
+    VALUE_CASES
+    + [("extra_args", "extra", "args", args) for args in ALLOWED_ARGS + REFUSED_ARGS]
+    + [("environment", "environment", name, {name: SECRET}) for name in ALLOWED_ENV + REFUSED_ENV]
+)
+
+
+def _case_id(case) -> str:
+    setting, _section, _key, value = case
+    return f"{setting}={value!r}"[:80]
+
+
+def _launcher_verdict(case) -> bool:
+    setting, section, key, value = case
+    if setting == "environment":
+        return launcher_refuses(section, key, SECRET)
+    return launcher_refuses(section, key, value)
+
+
+def _inventory_for(case) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    setting, _section, _key, value = case
+    if setting in ("extra_args", "environment"):
+        return hostvars(variables={f"vllm_instance_{setting}": value})
+    if setting == "kv_transfer_backend":
+        return hostvars(backend=value)
+    if setting == "gpu_memory_utilization":
+        return hostvars(kv_cache_memory_bytes=0, gpu_memory_utilization=value)
+    return hostvars(**{setting: value})
+
+
+def test_the_cases_cover_the_whole_vocabulary():
+    assert len(ALL_CASES) > 150
+    for setting, (section, key, accepted) in VOCABULARY.items():
+        assert not any(_launcher_verdict((setting, section, key, v)) for v in accepted), setting
+        assert all(_launcher_verdict((setting, section, key, v)) for v in REFUSED_SAMPLES[setting]), setting
+    assert not any(_launcher_verdict(("extra_args", "extra", "args", a)) for a in ALLOWED_ARGS)
+    assert all(_launcher_verdict(("extra_args", "extra", "args", a)) for a in REFUSED_ARGS)
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=_case_id)
+def test_pd_preflight_refuses_exactly_what_the_launcher_refuses(case):
+    setting = case[0]
+    variable = f"vllm_instance_{setting}"
+    refused = _launcher_verdict(case)
+    lines = pf.pd_preflight(*_inventory_for(case))
+    if not refused:
+        assert lines == [], f"the launcher accepts {case[3]!r}, the preflight does not:\n" + "\n".join(lines)
+        return
+    hits = [line for line in lines if names(line, variable)]
+    assert hits, f"the launcher refuses {case[3]!r}, the preflight does not name {variable}:\n" + "\n".join(lines)
+    # Both hosts, and for the launcher check the instance too.
+    assert any("p1" in line for line in hits) and any("d1" in line for line in hits), hits
+    if any(line.startswith("[launcher]") for line in hits):
+        assert any("p1/prefill-0" in line and "d1/decode-0" in line for line in hits), hits
+    assert SECRET not in "\n".join(lines)
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=_case_id)
+def test_the_roles_preflight_refuses_exactly_what_the_launcher_refuses(case):
+    """launcher_problems, as roles/vllm_instance/tasks/preflight.yml calls it for one host."""
+    setting, _section, _key, value = case
+    variables: dict[str, Any] = {}
+    kw: dict[str, Any] = {}
+    if setting in ("extra_args", "environment"):
+        variables[f"vllm_instance_{setting}"] = value
+    elif setting == "kv_transfer_backend":
+        kw["backend"] = value
+    elif setting == "gpu_memory_utilization":
+        kw.update(kv_cache_memory_bytes=0, gpu_memory_utilization=value)
+    else:
+        kw[setting] = value
+    lines = pf.launcher_problems(published("prefill", **kw), "p1", variables)
+    assert bool(lines) is _launcher_verdict(case), "\n".join(lines)
+    assert all(line.startswith("[launcher] p1/prefill-0: ") for line in lines), lines
+    assert SECRET not in "\n".join(lines)
+
+
+# --- where a refusal points ---------------------------------------------------------------------------
+
+
+def test_a_refusal_names_host_instance_and_the_variable_it_comes_from():
+    instances = [{"name": "prefill-0", "port": 8100, "kv_transfer_port": 5600},
+                 {"name": "prefill-1", "port": 8101, "kv_transfer_port": 5601,
+                  "overrides": {"extra_args": ["--hf-token", SECRET]}}]
+    hv, groups = hostvars(prefill={"instances": instances})
+    # publish.yml leaves extra_args out of what it publishes: the preflight reads the inventory variable.
+    for entry in hv["p1"]["__vllm_instance_preflight"]["instances"]:
+        entry["overrides"].pop("extra_args", None)
+        entry["settings"].pop("extra_args", None)
+    hv["p1"]["vllm_instance_instances"] = instances
+    hv["d1"]["vllm_instance_extra_args"] = ["--max-log-len", "100", f"--api-key={SECRET}"]
+    lines = pf.pd_preflight(hv, groups)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(
+        '[launcher] p1/prefill-1: vllm_instance_instances[prefill-1].overrides.extra_args: the launcher on the host '
+        "would refuse the instance's extra.args[0]: \"--hf-token\" is not allowed: --hf-token would put the Hugging "
+        "Face token on vLLM's command line")
+    assert lines[1].startswith(
+        "[launcher] d1/decode-0: vllm_instance_extra_args: the launcher on the host would refuse the instance's "
+        'extra.args[2]: "--api-key" is not allowed')
+    assert "Fix: put the key in the EnvironmentFile and name it with server.api_key_env (the vllm_instance role: " \
+           "set vllm_instance_api_key)." in lines[1]
+    assert SECRET not in "\n".join(lines)
+
+
+@pytest.mark.parametrize(("kw", "variable", "fragment"), [
+    ({"tensor_parallel_size": 0}, "vllm_instance_tensor_parallel_size", "[topology]"),
+    ({"max_num_seqs": -1}, None, None),  # rendered only when > 0: vLLM's default, like 0
+    ({"kv_cache_dtype": ""}, "vllm_instance_kv_cache_dtype", "kv_cache.quant_dtype: must not be empty"),
+    ({"dtype": 16}, "vllm_instance_dtype", "model.dtype: must be a string, got integer 16"),
+    ({"enable_chunked_prefill": None}, None, None),  # not rendered: vLLM's default
+])
+def test_values_the_template_converts_are_judged_as_rendered(kw, variable, fragment):
+    hv, groups = hostvars(**kw)
+    lines = pf.pd_preflight(hv, groups)
+    if variable is None:
+        assert lines == [], lines
+        return
+    hits = [line for line in lines if names(line, variable)]
+    assert len(hits) == 1 and fragment in hits[0], lines
+
+
+def test_environment_values_are_never_shown():
+    environment = {"VLLM_API_KEY": SECRET, "lower": SECRET, "VLLM_NIXL_SIDE_CHANNEL_PORT": SECRET}
+    hv, groups = hostvars(variables={"vllm_instance_environment": environment})
+    lines = pf.pd_preflight(hv, groups)
+    assert len([line for line in lines if names(line, "vllm_instance_environment")]) == 3, lines
+    assert SECRET not in "\n".join(lines)
+
+
+def test_settings_that_cannot_be_rendered_are_refused():
+    hv, groups = hostvars(variables={"vllm_instance_extra_args": "--max-log-len 100",
+                                     "vllm_instance_environment": ["UCX_TLS=tcp"]})
+    lines = pf.pd_preflight(hv, groups)
+    assert any(names(line, "vllm_instance_extra_args") and "not a list of vLLM flags" in line for line in lines)
+    assert any(names(line, "vllm_instance_environment") and "not a mapping of NAME: value" in line for line in lines)
+
+
+# --- parity on resolved values ------------------------------------------------------------------------
+
+
+def parity(lines: list[str], variable: str) -> list[str]:
+    return [line for line in lines if line.startswith(f"[parity] {variable}:")]
+
+
+@pytest.mark.parametrize(("checkpoint", "prefill", "decode", "agree"), [
+    ("bfloat16", "auto", "bfloat16", True),
+    ("float16", "auto", "half", True),
+    ("float32", "auto", "bfloat16", True),  # vLLM 0.32: float32 checkpoints run in bfloat16
+    ("float32", "auto", "float16", False),
+    ("float32", "auto", "float32", False),
+    ("float32", "float", "float32", True),
+    ("bfloat16", "auto", "float16", False),
+])
+def test_weight_dtype_parity_compares_what_vllm_runs(checkpoint, prefill, decode, agree):
+    facts = {**SMOL, "torch_dtype": checkpoint}
+    lines = pf.pd_preflight(*hostvars(prefill={"dtype": prefill}, decode={"dtype": decode}, facts=facts))
+    assert (parity(lines, "vllm_instance_dtype") == []) is agree, lines
+
+
+@pytest.mark.parametrize(("checkpoint", "prefill", "decode", "agree"), [
+    ("bfloat16", {"kv_cache_dtype": "auto"}, {"kv_cache_dtype": "bfloat16"}, True),
+    ("float32", {"kv_cache_dtype": "auto"}, {"kv_cache_dtype": "bfloat16"}, True),
+    ("float16", {"kv_cache_dtype": "auto"}, {"kv_cache_dtype": "bfloat16"}, False),
+    ("bfloat16", {"kv_cache_dtype": "fp8"}, {"kv_cache_dtype": "fp8_e4m3"}, True),
+    ("bfloat16", {"kv_cache_dtype": "fp8"}, {"kv_cache_dtype": "fp8_e5m2"}, False),
+    # auto follows each side's resolved weight dtype.
+    ("bfloat16", {"kv_cache_dtype": "auto", "dtype": "float16"}, {"kv_cache_dtype": "auto"}, False),
+    ("bfloat16", {"kv_cache_dtype": "auto", "dtype": "half"}, {"kv_cache_dtype": "auto", "dtype": "float16"}, True),
+])
+def test_kv_cache_dtype_parity_compares_what_vllm_stores(checkpoint, prefill, decode, agree):
+    facts = {**SMOL, "torch_dtype": checkpoint}
+    lines = pf.pd_preflight(*hostvars(prefill=prefill, decode=decode, facts=facts))
+    assert (parity(lines, "vllm_instance_kv_cache_dtype") == []) is agree, lines
+
+
+@pytest.mark.parametrize(("prefill", "decode", "problem"), [
+    ({"variant": "cuda", "block_size": 0}, {"variant": "cuda", "block_size": 8},
+     "prefill's KV block size (16 = vLLM's default on cuda, vllm_instance_block_size 0 on p1) exceeds decode's "
+     "(8 on d1)"),
+    ({"variant": "cpu", "block_size": 0}, {"variant": "cpu", "block_size": 64},
+     "(128 = vLLM's default on cpu, vllm_instance_block_size 0 on p1) exceeds decode's (64 on d1)"),
+    ({"variant": "cpu", "block_size": 32}, {"variant": "cuda", "block_size": 0},
+     "prefill's KV block size (32 on p1) exceeds decode's (16 = vLLM's default on cuda"),
+    ({"variant": "cpu", "block_size": 0}, {"variant": "cpu", "block_size": 128}, None),
+    ({"variant": "cuda", "block_size": 0}, {"variant": "cuda", "block_size": 16}, None),
+    ({"variant": "cuda", "block_size": 16}, {"variant": "cpu", "block_size": 0}, None),
+    ({"variant": "cuda", "block_size": 0}, {"variant": "cuda", "block_size": 0}, None),
+])
+def test_block_size_parity_applies_the_default_of_each_build(prefill, decode, problem):
+    lines = parity(pf.pd_preflight(*hostvars(prefill=prefill, decode=decode)), "vllm_instance_block_size")
+    if problem is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and problem in lines[0], lines
+
+
+def test_the_defaults_come_from_the_launcher(monkeypatch):
+    """Change the launcher's vocabulary and the preflight follows: it has no copy of its own."""
+    loaded = pf.launcher()
+    both = {"prefill": {"variant": "cuda", "block_size": 0}, "decode": {"variant": "cuda", "block_size": 32}}
+    assert parity(pf.pd_preflight(*hostvars(**both)), "vllm_instance_block_size") == []
+    monkeypatch.setitem(loaded.DEFAULT_BLOCK_SIZES, "cuda", 64)
+    (line,) = parity(pf.pd_preflight(*hostvars(**both)), "vllm_instance_block_size")
+    assert "(64 = vLLM's default on cuda" in line
+    facts = {**SMOL, "torch_dtype": "float32"}
+    assert parity(pf.pd_preflight(*hostvars(prefill={"dtype": "auto"}, decode={"dtype": "float16"}, facts=facts)),
+                  "vllm_instance_dtype")
+    monkeypatch.setitem(loaded.AUTO_DTYPES, "float32", "float16")
+    assert parity(pf.pd_preflight(*hostvars(prefill={"dtype": "auto"}, decode={"dtype": "float16"}, facts=facts)),
+                  "vllm_instance_dtype") == []
+
+
+def test_kv_sizing_uses_the_resolved_dtype():
+    facts = {**SMOL, "torch_dtype": "float32"}
+    hv, groups = hostvars(facts=facts)
+    sizes = pf.kv_sizing(hv, groups)
+    # auto on a float32 checkpoint runs in bfloat16: 2 bytes per element, as for the bf16 sandbox model.
+    assert [s["tokens"] for s in sizes] == [46592, 46592]
+    assert "auto = bfloat16" in sizes[0]["summary"]
+
+
+# --- the key rule -------------------------------------------------------------------------------------
+
+
+class Vaulted:
+    """Stands in for a vaulted string, which decrypts on str()."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def __str__(self) -> str:
+        return self._text
+
+
+class Broken:
+    def __str__(self) -> str:
+        raise RuntimeError("the vault password is wrong")
+
+
+@pytest.mark.parametrize(("value", "allow_empty", "valid"), [
+    ("preflight-test-instance-key-0001", False, True),
+    ("A" * 16, False, True),
+    ("abc.DEF_ghi~jkl+mno/pqr=stu-vwx", False, True),
+    ("A" * 15, False, False),
+    ("", False, False),
+    ("", True, True),
+    ("key with spaces 0000000", True, False),
+    ("goodkey-0000000000\n", True, False),  # a trailing newline would end the EnvironmentFile line
+    ("goodkey-0000000000\nX=1", True, False),
+    ('quote"key-0000000000', True, False),
+    ("semicolon;key-000000000", True, False),
+    ("ключ-0000000000000000", True, False),
+    (None, True, False),
+    (1234567890123456789, True, False),
+    (True, True, False),
+    (["a" * 20], True, False),
+    (Vaulted("vaulted-key-000000000"), False, True),
+    (Vaulted("bad vaulted key 000000"), False, False),
+    (Broken(), True, False),
+])
+def test_valid_api_key(value, allow_empty, valid):
+    assert pf.valid_api_key(value, allow_empty=allow_empty) is valid
+
+
+def test_both_roles_use_the_one_key_rule():
+    router = (REPO / "roles" / "vllm_router" / "tasks" / "preflight.yml").read_text(encoding="utf-8")
+    instance = (REPO / "roles" / "vllm_instance" / "tasks" / "preflight.yml").read_text(encoding="utf-8")
+    assert "vllm_router_api_keys | map('inferops.vllm.valid_api_key') | reject | list | length == 0" in router
+    assert "vllm_router_worker_api_key | inferops.vllm.valid_api_key(allow_empty=true)" in router
+    assert "vllm_instance_api_key | inferops.vllm.valid_api_key(allow_empty=true)" in instance
+    assert "{16,}" not in router and "{16,}" not in instance
+    for tasks in (router, instance):
+        key_tasks = [t for t in yaml.safe_load(tasks) if "valid_api_key" in str(t.get("ansible.builtin.assert"))]
+        assert key_tasks and all(t.get("no_log") is True for t in key_tasks)
+
+
+@pytest.mark.parametrize(("key", "valid"), [("instance-key-000000000001", True), ("", True), ("short", False),
+                                            ("has a space 000000000", False)])
+def test_pd_preflight_checks_the_instance_key_without_showing_it(key, valid):
+    hv, groups = hostvars(variables={"vllm_instance_api_key": key})
+    lines = pf.pd_preflight(hv, groups)
+    hits = [line for line in lines if names(line, "vllm_instance_api_key")]
+    if valid:
+        assert hits == []
+        return
+    assert len(hits) == 1 and hits[0].startswith("[secrets] p1, d1: vllm_instance_api_key: is not a usable key")
+    assert key not in "\n".join(lines)
+
+
+def test_pd_preflight_checks_the_client_keys_without_showing_them():
+    hv, groups = hostvars()
+    hv["r1"]["vllm_router_api_keys"] = ["router-client-key-000001", "short-KEY", "bad key with space 0001"]
+    lines = pf.pd_preflight(hv, groups)
+    (line,) = [line for line in lines if names(line, "vllm_router_api_keys")]
+    assert line.startswith("[secrets] r1: vllm_router_api_keys: 2 of its keys are not usable (not shown)")
+    assert "short-KEY" not in "\n".join(lines) and "space" not in "\n".join(lines)
+
+
+# --- one vocabulary, wherever it is written down -------------------------------------------------------
+
+
+def test_the_roles_argument_spec_lists_the_launchers_vocabulary():
+    specs = yaml.safe_load((REPO / "roles" / "vllm_instance" / "meta" / "argument_specs.yml").read_text())
+    options = specs["argument_specs"]["main"]["options"]
+    assert tuple(options["vllm_instance_dtype"]["choices"]) == launch.DTYPES
+    assert tuple(options["vllm_instance_kv_cache_dtype"]["choices"]) == launch.KV_CACHE_DTYPES
+    assert tuple(options["vllm_instance_kv_buffer_device"]["choices"]) == launch.KV_BUFFER_DEVICES
+    assert tuple(options["vllm_instance_kv_transfer_backend"]["choices"]) == tuple(launch.KV_TRANSFER_BACKENDS)
+    assert "choices" not in options["vllm_instance_quantization"]  # the launcher's list decides
+
+
+def test_the_launcher_is_found_in_an_installed_collection(tmp_path, monkeypatch):
+    """ansible-galaxy installs the collection as ansible_collections/inferops/vllm/ with roles/ beside
+    plugins/: the preflight finds the launcher there (a copy, no symlink back to this checkout)."""
+    root = tmp_path / "ansible_collections" / "inferops" / "vllm"
+    for relative in ("plugins/filter/preflight.py", "roles/vllm_instance/files/inferops_vllm_launch.py"):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes((REPO / relative).read_bytes())
+    monkeypatch.setitem(sys.modules, pf.LAUNCHER_MODULE, sys.modules.get(pf.LAUNCHER_MODULE))
+    spec = importlib.util.spec_from_file_location("installed_preflight", root / "plugins" / "filter" / "preflight.py")
+    installed = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "installed_preflight", installed)
+    spec.loader.exec_module(installed)
+    assert Path(installed.launcher().__file__) == root / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
+    assert installed.launcher_problems(published("prefill", kv_cache_dtype="int2"), "p1")
+    (root / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py").unlink()
+    installed.launcher.cache_clear()
+    with pytest.raises(ImportError, match="the collection is incomplete"):
+        installed.launcher()
