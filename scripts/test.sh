@@ -43,7 +43,7 @@ main() {
     for module in vllm_health vllm_instance_wait nvidia_gpu_facts nixl_progress_delay; do
       ansible-doc -t module "inferops.vllm.$module" >/dev/null
     done
-    for filter in pd_instances pd_preflight kv_sizing gpu_assign nft_elements url_host valid_api_key launcher_problems; do
+    for filter in pd_instances pd_preflight pd_preflight_warnings kv_sizing gpu_assign nft_elements url_host valid_api_key launcher_problems; do
       ansible-doc -t filter "inferops.vllm.$filter" >/dev/null
     done
     for role in python_venv vllm_install vllm_instance vllm_firewall vllm_router vllm_verify nvidia_driver; do

@@ -15,7 +15,10 @@ plain data: inventory host name -> ``{"instance": <__vllm_instance_preflight or 
 router groups are read.
 
 ``pd_preflight`` returns one line per problem, ``[<check>] <hosts>: <variable>: <what is wrong>
-Fix: <how>``; the same problem on many hosts is one line naming them.
+Fix: <how>``; the same problem on many hosts is one line naming them. Some findings are warnings, not
+problems (a drain timeout shorter than the longest request, say): ``pd_preflight_warnings`` returns
+them in the same form, and the ``pd_preflight`` filter, as Ansible calls it, shows each as an Ansible
+warning (``[WARNING]: PD preflight: ...``) without failing the run.
 
 What vLLM accepts (dtypes, quantization methods, KV cache dtypes, block sizes, the flags extra
 args may not pass, ...) and what ``auto`` and an unset block size resolve to are not listed here:
@@ -40,6 +43,11 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
+try:
+    from ansible.utils.display import Display
+except ImportError:  # plain Python: the checks need no Ansible, only the warnings' display does
+    Display = None
+
 INSTANCE_FACT = "__vllm_instance_preflight"
 ROUTER_FACT = "__inferops_router_preflight"
 
@@ -55,7 +63,12 @@ API_KEY_RULE = "16 or more characters of A-Z a-z 0-9 . _ ~ + / = - (RFC 6750 bea
 ROUTER_DEFAULTS = {"port": 8300, "metrics_port": 29000, "front_port": 8000}
 ROUTER_VARS = {"port": "vllm_router_port", "metrics_port": "vllm_router_metrics_port",
                "front_port": "vllm_router_front_port"}
+# The slowest generation speed to plan for (inferops_min_tokens_per_second): the client check and
+# the drain check measure the longest allowed request (max_model_len tokens) with it.
 DEFAULT_MIN_TOKENS_PER_SECOND = 20
+# What the drop-in of each instance's unit adds to its shutdown_timeout for TimeoutStopSec
+# (roles/vllm_instance/templates/instance-stop.conf.j2): the launcher's ORPHAN_GRACE_SECONDS and a margin.
+STOP_TIMEOUT_MARGIN_SECONDS = 15
 
 # A checkpoint's torch_dtype (config.json) spellings -> the name the launcher's vocabulary uses.
 CHECKPOINT_DTYPES = {
@@ -74,9 +87,11 @@ INSTANCE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # published settings; hostvars hold a variable only when the inventory sets it.
 INSTANCE_DEFAULTS = {"vllm_instance_bind_host": "0.0.0.0", "vllm_instance_models_dir": "/var/lib/vllm/models",
                      "vllm_instance_environment": {}, "vllm_instance_extra_args": []}
+# The role's defaults of per-instance settings that plain data (and an older publish) may lack.
+SETTING_DEFAULTS = {"shutdown_timeout": 60, "kv_load_failure_policy": "recompute"}
 
 CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quantization", "capacity",
-          "unsupported", "launcher", "client", "network", "secrets", "booleans")
+          "unsupported", "launcher", "client", "drain", "network", "secrets", "booleans")
 
 
 def _load_launcher() -> ModuleType:
@@ -204,15 +219,24 @@ class _Report:
 
     def __init__(self) -> None:
         self._hosts: dict[tuple[str, str, str, str], list[str]] = {}
+        self._warnings: dict[tuple[str, str, str, str], list[str]] = {}
 
-    def add(self, check: str, hosts: str | Iterable[str] | None, variable: str, what: str, fix: str) -> None:
-        key = (check, variable, what, fix)
-        bucket = self._hosts.setdefault(key, [])
+    @staticmethod
+    def _put(store: dict[tuple[str, str, str, str], list[str]], key: tuple[str, str, str, str],
+             hosts: str | Iterable[str] | None) -> None:
+        bucket = store.setdefault(key, [])
         if isinstance(hosts, str):
             hosts = [hosts]
         for host in hosts or ():
             if host not in bucket:
                 bucket.append(host)
+
+    def add(self, check: str, hosts: str | Iterable[str] | None, variable: str, what: str, fix: str) -> None:
+        self._put(self._hosts, (check, variable, what, fix), hosts)
+
+    def warn(self, check: str, hosts: str | Iterable[str] | None, variable: str, what: str, fix: str) -> None:
+        """A finding that does not stop the run (warning_lines), in the form of a problem."""
+        self._put(self._warnings, (check, variable, what, fix), hosts)
 
     def reported(self, variable: str, hosts: Iterable[str]) -> bool:
         """Whether a check other than the launcher's reported ``variable`` for one of ``hosts``; a problem of a
@@ -223,8 +247,15 @@ class _Report:
                    for key, found in self._hosts.items())
 
     def lines(self) -> list[str]:
+        return self._lines(self._hosts)
+
+    def warning_lines(self) -> list[str]:
+        return self._lines(self._warnings)
+
+    @staticmethod
+    def _lines(store: dict[tuple[str, str, str, str], list[str]]) -> list[str]:
         order = {name: i for i, name in enumerate(CHECKS)}
-        items = sorted(self._hosts.items(), key=lambda kv: order.get(kv[0][0], len(order)))
+        items = sorted(store.items(), key=lambda kv: order.get(kv[0][0], len(order)))
         out = []
         for (check, variable, what, fix), hosts in items:
             where = f"{_names(hosts)}: " if hosts else ""
@@ -679,8 +710,6 @@ class _Inventory:
     instances: list[Instance] = field(default_factory=list)
     # Each host's inventory variables as given (hostvars), for checks of variables that are not published.
     variables: dict[str, Any] = field(default_factory=dict)
-    # The instance URLs of each group, as the TOML lists them (prefill_instances, decode_instances).
-    urls: dict[str, list[str]] | None = None
 
 
 def _load(published_by_host: Mapping[str, Any], groups: Mapping[str, Any], rep: _Report | None) -> _Inventory:
@@ -1082,6 +1111,16 @@ def _check_unsupported(rep: _Report, inv: _Inventory) -> None:
             rep.add("unsupported", host, "vllm_instance_kv_transfer_backend", f"is {_show(backend)}: {why}",
                     f"use {' or '.join(map(_show, launch.KV_TRANSFER_BACKENDS))} (NixlConnector: UCX over "
                     "NVLink/RDMA/TCP), which works within a host and across hosts.")
+    # Checked on every instance, although only decode instances render it (a producer loads no KV): the
+    # role's argument spec refuses it on prefill hosts too.
+    policies = launch.KV_LOAD_FAILURE_POLICIES
+    for inst in inv.instances:
+        raw = _setting(inst, "kv_load_failure_policy")
+        if not isinstance(raw, str) or raw not in policies:
+            rep.add("unsupported", inst.label, inst.variable("kv_load_failure_policy"),
+                    f"is {_show(raw)}, not a KV load failure policy of vLLM 0.32 ({', '.join(policies)}).",
+                    "use 'recompute' (a decode whose KV load from prefill fails computes the prompt itself) or "
+                    "'fail' (the request fails with an error).")
     for inst in inv.instances:
         raw = _text(inst.settings.get("kv_cache_dtype") or "auto")
         if raw in launch.KV_CACHE_DTYPES:
@@ -1123,6 +1162,43 @@ def _check_client(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> Non
                 "requests that vLLM is still serving.",
                 f"raise the clients' timeout to at least {need} s, or lower vllm_instance_max_model_len to at most "
                 f"{int(timeout * rate)}.")
+
+
+def _check_drain(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> None:
+    """Each instance's shutdown_timeout (vLLM's --shutdown-timeout: how long a stop lets running requests
+    finish) is a whole number >= 0; a warning, not a problem, when a decode instance's is shorter than one
+    request of its max_model_len at the minimum generation speed. Prefill instances are not measured: their
+    requests end after the prompt's prefill (the router asks them for one token), far faster than decode."""
+    for inst in inv.instances:
+        raw = _setting(inst, "shutdown_timeout")
+        value = _to_int(raw)
+        if value is None or value < 0:
+            rep.add("drain", inst.label, inst.variable("shutdown_timeout"),
+                    f"is {_show(raw)}, not a whole number of seconds >= 0.",
+                    "set the seconds a stop gives running requests to finish (0: abort them at once; default 60).")
+    rate_raw = opts.get("min_tokens_per_second", DEFAULT_MIN_TOKENS_PER_SECOND)
+    rate = _to_float(rate_raw)
+    if rate is None or rate <= 0:
+        if opts.get("client_timeout_seconds") in (None, ""):  # else the client check reports it
+            rep.add("drain", None, "inferops_min_tokens_per_second", f"is {_show(rate_raw)}, not a positive number.",
+                    f"set the slowest generation speed to plan for (default {DEFAULT_MIN_TOKENS_PER_SECOND}).")
+        return
+    for inst in inv.instances:
+        timeout = _to_int(_setting(inst, "shutdown_timeout"))
+        longest = inst.max_model_len
+        if inst.group != "decode" or timeout is None or timeout < 0 or not longest:
+            continue
+        need = math.ceil(longest / rate)
+        if timeout >= need:
+            continue
+        how = f"{timeout} s" if timeout else "0 s (no drain: a stop aborts every running request)"
+        shorter = f" lower vllm_instance_max_model_len to at most {int(timeout * rate)}," if int(timeout * rate) else ""
+        rep.warn("drain", f"{inst.host}/{inst.name}", inst.variable("shutdown_timeout"),
+                 f"is {how}, but one request of max_model_len {longest} tokens at inferops_min_tokens_per_second "
+                 f"{rate:g} tokens/s takes {need} s: a stop or restart of the instance (a changed config, a removed "
+                 f"instance, a host shutdown) aborts the requests still running after {timeout} s.",
+                 f"raise it to at least {need} (systemd then waits up to {need + STOP_TIMEOUT_MARGIN_SECONDS} s for "
+                 f"the stop),{shorter} or accept that the longest requests are cut off by a stop.")
 
 
 def _loopback(address: str) -> bool:
@@ -1278,6 +1354,7 @@ TOML_SOURCES = {
     "server.port": "instance:port",
     "server.served_model_name": "vllm_instance_served_model_name",
     "server.api_key_env": "vllm_instance_api_key",
+    "server.shutdown_timeout": "setting:shutdown_timeout",
     "model": "vllm_instance_model",
     "model.name": "vllm_instance_model",
     "model.revision": "vllm_instance_model_revision",
@@ -1290,8 +1367,7 @@ TOML_SOURCES = {
     "pd_disaggregation.kv_buffer_device": "setting:kv_buffer_device",
     "pd_disaggregation.side_channel_host": "vllm_instance_host_address",
     "pd_disaggregation.kv_transfer_port": "instance:kv_transfer_port",
-    "pd_disaggregation.prefill_instances": "vllm_instance_instances",
-    "pd_disaggregation.decode_instances": "vllm_instance_instances",
+    "pd_disaggregation.kv_load_failure_policy": "setting:kv_load_failure_policy",
     "cpu.omp_threads_bind": "instance:cpus",
     "devices.cuda_visible_devices": "instance:gpus",
     "environment": "setting:environment",
@@ -1329,6 +1405,11 @@ def _jinja_bool(value: Any) -> bool:
     return value in ("yes", "on", "1", "true", 1, "y", "t")
 
 
+def _setting(inst: Instance, key: str) -> Any:
+    """A per-instance setting as the template sees it: the published one, else the role's default."""
+    return inst.settings.get(key, SETTING_DEFAULTS[key])
+
+
 def _host_var(inv: _Inventory, host: str, name: str) -> Any:
     """A vllm_instance variable of a host as the template sees it: the host's, else the role's default."""
     variables = inv.variables.get(host)
@@ -1360,11 +1441,6 @@ def _unpublished(inv: _Inventory, inst: Instance, key: str) -> tuple[Any, str]:
     return _host_var(inv, inst.host, name), name
 
 
-def _url_host(address: str) -> str:
-    """An IPv6 literal in brackets, as the pd_instances filter writes the instance URLs."""
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
-
-
 def _side_channel_host(inv: _Inventory, inst: Instance) -> str:
     """What the template renders as side_channel_host: vllm_instance_host_address when the inventory sets it
     (resolvable without facts), else the default route's address, which facts give at deploy time and which
@@ -1390,6 +1466,7 @@ def _launcher_config(inv: _Inventory, inst: Instance) -> tuple[dict[str, Any], d
     }
     if pub.get("api_key_set") is True or _text(pub.get("api_key_set")).lower() == "true":
         server["api_key_env"] = "VLLM_API_KEY"
+    server["shutdown_timeout"] = _jinja_int(_setting(inst, "shutdown_timeout"))
     model = _text(pub.get("model"))
     local = _jinja_bool(pub.get("model_is_local"))
     dirname = (model.rstrip("/").rsplit("/", 1)[-1]) if local else model.replace("/", "--")
@@ -1423,15 +1500,14 @@ def _launcher_config(inv: _Inventory, inst: Instance) -> tuple[dict[str, Any], d
     role = _text(pub.get("pd_role"))
     pd: dict[str, Any] = {"enabled": role != "none"}
     if role != "none":
-        if inv.urls is None:
-            inv.urls = {group: [f"http://{_url_host(_text(i.published.get('address')))}:{_jinja_int(i.port)}"
-                                for i in inv.instances if i.group == group] for group in ("prefill", "decode")}
-        urls = inv.urls
+        # No peer lists (prefill_instances, decode_instances): the router alone keeps them, so the TOML of an
+        # instance does not change when a peer is added or removed.
         pd.update(role=role, kv_transfer_backend=pub.get("kv_transfer_backend", "nixl"),
                   kv_buffer_device=s.get("kv_buffer_device", "cuda"),
                   side_channel_host=_side_channel_host(inv, inst),
-                  kv_transfer_port=_jinja_int(inst.kv_transfer_port),
-                  prefill_instances=urls["prefill"], decode_instances=urls["decode"])
+                  kv_transfer_port=_jinja_int(inst.kv_transfer_port))
+        if role == "decode":
+            pd["kv_load_failure_policy"] = _setting(inst, "kv_load_failure_policy")
     config: dict[str, Any] = {"server": server, "model": table, "kv_cache": kv, "scheduler": scheduler,
                               "pd_disaggregation": pd}
     if inst.variant == "cpu":
@@ -1477,6 +1553,20 @@ def _toml_variable(inst: Instance, key: str, sources: Mapping[str, str]) -> str:
     return inst.variable(name)
 
 
+def _toml_role_variable(key: str) -> str:
+    """The role variable a TOML key comes from, the same on every host (for a fix shared by many hosts)."""
+    section = key.split(".", 1)[0]
+    source = TOML_SOURCES.get(key)
+    if source is None and section in SETTING_SECTIONS:
+        source = "setting:" + key.split(".", 1)[1]
+    kind, _sep, name = (source or TOML_SOURCES.get(section) or "vllm_instance_instances").partition(":")
+    if not name:
+        return kind
+    if kind == "instance":
+        return f"vllm_instance_instances[*].{name}"
+    return f"vllm_instance_{name} (or an instance's overrides.{name})"
+
+
 def _launcher_verdict(inv: _Inventory, inst: Instance) -> list[tuple[str, str, str]]:
     """(variable, what, fix) for every problem the launcher would report on this instance's TOML."""
     config, sources, unrenderable = _launcher_config(inv, inst)
@@ -1486,6 +1576,10 @@ def _launcher_verdict(inv: _Inventory, inst: Instance) -> list[tuple[str, str, s
         where, _sep, rest = problem.partition(": ")
         what, _sep, fix = rest.partition("; ")
         fix = fix or "change it to a value the launcher accepts."
+        # A flag the launcher generates, in extra args: name the variable that renders its TOML key.
+        owned = re.fullmatch(r"set ([a-z_]+\.[a-z_]+) in the TOML instead", fix)
+        if owned:
+            fix = f"set {_toml_role_variable(owned[1])} instead (it renders {owned[1]})"
         out.append((_toml_variable(inst, where, sources),
                     f"the launcher on the host would refuse the instance's {where}: {what.rstrip('.')}.",
                     fix if fix.endswith(".") else fix + "."))
@@ -1521,9 +1615,8 @@ def _check_instance_keys(rep: _Report, inv: _Inventory) -> None:
 # --- the filters --------------------------------------------------------------------------------------
 
 
-def pd_preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
-                 options: Mapping[str, Any] | None = None) -> list[str]:
-    """Every problem of the PD inventory, one line each (an empty list when there is none)."""
+def _preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
+               options: Mapping[str, Any] | None = None) -> _Report:
     opts = dict(options or {})
     rep = _Report()
     inv = _load(published_by_host, groups, rep)
@@ -1538,6 +1631,7 @@ def pd_preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any]
         ("capacity", lambda: _check_capacity(rep, inv)),
         ("unsupported", lambda: _check_unsupported(rep, inv)),
         ("client", lambda: _check_client(rep, inv, opts)),
+        ("drain", lambda: _check_drain(rep, inv, opts)),
         ("network", lambda: (_check_network(rep, inv), _check_firewall(rep, inv))),
         ("secrets", lambda: (_check_secrets(rep, inv), _check_instance_keys(rep, inv))),
         ("booleans", lambda: _check_booleans(rep, inv, opts)),
@@ -1550,6 +1644,36 @@ def pd_preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any]
         except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others' findings
             rep.add(name, None, "(preflight)", f"the {name} check could not run: {type(exc).__name__}: {exc}.",
                     "report this as a bug of inferops.vllm, with the inventory values involved.")
+    return rep
+
+
+def pd_preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
+                 options: Mapping[str, Any] | None = None) -> list[str]:
+    """Every problem of the PD inventory, one line each (an empty list when there is none)."""
+    return _preflight(published_by_host, groups, options).lines()
+
+
+def pd_preflight_warnings(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
+                          options: Mapping[str, Any] | None = None) -> list[str]:
+    """What the preflight warns about without failing (see pd_preflight_warnings.yml), one line each."""
+    return _preflight(published_by_host, groups, options).warning_lines()
+
+
+WARNING_PREFIX = "PD preflight: "
+
+
+def _ansible_warning(line: str) -> None:
+    """Show a line as an Ansible warning ([WARNING]: ...); nothing outside Ansible."""
+    if Display is not None:
+        Display().warning(WARNING_PREFIX + line)
+
+
+def _pd_preflight_filter(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
+                         options: Mapping[str, Any] | None = None) -> list[str]:
+    """The pd_preflight filter as Ansible calls it: the problems, and each warning shown as an Ansible warning."""
+    rep = _preflight(published_by_host, groups, options)
+    for line in rep.warning_lines():
+        _ansible_warning(line)
     return rep.lines()
 
 
@@ -1585,5 +1709,5 @@ def launcher_problems(published: Mapping[str, Any], host: str, variables: Mappin
 
 class FilterModule:
     def filters(self):
-        return {"pd_preflight": pd_preflight, "kv_sizing": kv_sizing, "launcher_problems": launcher_problems,
-                "valid_api_key": valid_api_key}
+        return {"pd_preflight": _pd_preflight_filter, "pd_preflight_warnings": pd_preflight_warnings,
+                "kv_sizing": kv_sizing, "launcher_problems": launcher_problems, "valid_api_key": valid_api_key}

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -112,6 +113,7 @@ host = "0.0.0.0"
 port = 8100
 served_model_name = "smol"
 api_key_env = "INSTANCE_KEY"
+shutdown_timeout = 60
 
 [model]
 name = "/var/lib/vllm/models/x"
@@ -143,6 +145,7 @@ kv_transfer_backend = "nixl"
 kv_buffer_device = "cuda"
 side_channel_host = "10.0.0.21"
 kv_transfer_port = 5601
+kv_load_failure_policy = "recompute"
 prefill_instances = ["http://10.0.0.11:8100"]
 decode_instances = ["http://10.0.0.21:8200", "https://decode.example:8200"]
 
@@ -167,6 +170,7 @@ FULL_ARGS = [
     "--host", "0.0.0.0",
     "--port", "8100",
     "--served-model-name", "smol",
+    "--shutdown-timeout", "60",
     "--revision", "abc123",
     "--dtype", "bfloat16",
     "--max-model-len", "512",
@@ -182,7 +186,9 @@ FULL_ARGS = [
     "--max-num-seqs", "256",
     "--max-num-batched-tokens", "8192",
     "--no-enable-chunked-prefill",
-    "--kv-transfer-config", '{"kv_buffer_device":"cuda","kv_connector":"NixlConnector","kv_role":"kv_consumer"}',
+    "--kv-transfer-config",
+    '{"kv_buffer_device":"cuda","kv_connector":"NixlConnector","kv_load_failure_policy":"recompute",'
+    '"kv_role":"kv_consumer"}',
     "--max-log-len", "100",
     "--disable-log-requests",
 ]  # fmt: skip
@@ -241,6 +247,8 @@ FLAG_CASES = [
     ("server", "host", "127.0.0.1", ["--host", "127.0.0.1"]),
     ("server", "port", 8100, ["--port", "8100"]),
     ("server", "served_model_name", "smol", ["--served-model-name", "smol"]),
+    ("server", "shutdown_timeout", 60, ["--shutdown-timeout", "60"]),
+    ("server", "shutdown_timeout", 0, ["--shutdown-timeout", "0"]),
     ("model", "revision", "abc", ["--revision", "abc"]),
     ("model", "dtype", "float16", ["--dtype", "float16"]),
     ("model", "max_model_len", 512, ["--max-model-len", "512"]),
@@ -444,6 +452,86 @@ def test_pd_instance_urls_must_be_a_list():
 def test_pd_instances_do_not_change_argv():
     with_peers = minimal(pd_disaggregation=pd(prefill_instances=["http://a:1"], decode_instances=["http://b:2"]))
     assert args_of(with_peers) == args_of(minimal(pd_disaggregation=pd()))
+    assert env_of(with_peers) == env_of(minimal(pd_disaggregation=pd()))
+
+
+def test_pd_instances_are_documented_as_informational_and_ignored():
+    """Hand-written configs (the sources' skeletons) may keep the peer lists; the role no longer writes them."""
+    entry = launch.__doc__.split("prefill_instances / decode_instances", 1)[1].split("cpu.omp_threads_bind", 1)[0]
+    entry = " ".join(entry.split())
+    assert "ignored" in entry and "informational" in entry and "no longer writes them" in entry
+
+
+def transfer_config(config: dict) -> dict:
+    args = args_of(config)
+    return json.loads(args[args.index("--kv-transfer-config") + 1])
+
+
+@pytest.mark.parametrize("policy", launch.KV_LOAD_FAILURE_POLICIES)
+def test_pd_kv_load_failure_policy_goes_into_the_consumers_transfer_config(policy):
+    config = minimal(pd_disaggregation=pd(role="decode", kv_load_failure_policy=policy))
+    assert transfer_config(config) == {"kv_buffer_device": "cuda", "kv_connector": "NixlConnector",
+                                       "kv_role": "kv_consumer", "kv_load_failure_policy": policy}
+    args = args_of(config)
+    assert args[args.index("--kv-transfer-config") + 1] == (
+        '{"kv_buffer_device":"cuda","kv_connector":"NixlConnector",'
+        f'"kv_load_failure_policy":"{policy}","kv_role":"kv_consumer"}}'
+    )
+
+
+def test_pd_kv_load_failure_policy_absent_leaves_vllms_default():
+    assert "kv_load_failure_policy" not in transfer_config(minimal(pd_disaggregation=pd(role="decode")))
+
+
+@pytest.mark.parametrize("policy", launch.KV_LOAD_FAILURE_POLICIES)
+def test_pd_kv_load_failure_policy_is_accepted_and_ignored_on_a_producer(policy):
+    config = minimal(pd_disaggregation=pd(role="prefill", kv_load_failure_policy=policy))
+    assert problems_of(config) == []
+    assert args_of(config) == args_of(minimal(pd_disaggregation=pd(role="prefill")))
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    ("retry", '"retry" is not supported; use one of: "recompute", "fail"'),
+    ("Recompute", '"Recompute" is not supported (values are case-sensitive); write "recompute"'),
+    ("", "must not be empty"),
+    (True, "must be a string, got boolean true"),
+])
+def test_pd_kv_load_failure_policy_values(value, text):
+    for role in ("decode", "prefill"):
+        problem = only_problem(minimal(pd_disaggregation=pd(role=role, kv_load_failure_policy=value)))
+        assert problem.startswith("pd_disaggregation.kv_load_failure_policy: ") and text in problem, problem
+
+
+# --------------------------------------------------------------------------- drain on stop
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (-1, "-1 is out of range; use an integer >= 0"),
+    (1.5, "must be an integer, got float 1.5"),
+    ("60", "write 60 without quotes"),
+    (True, "a boolean is not a number"),
+])
+def test_shutdown_timeout_values(value, text):
+    problem = only_problem(minimal(server={"shutdown_timeout": value}))
+    assert problem.startswith("server.shutdown_timeout: ") and text in problem, problem
+
+
+def test_shutdown_timeout_absent_passes_no_flag():
+    assert "--shutdown-timeout" not in args_of(minimal())
+
+
+@pytest.mark.parametrize("item", ["--shutdown-timeout", "--shutdown_timeout=0", "--shutdown-timeout=600"])
+def test_extra_args_cannot_set_the_drain(item):
+    problem = only_problem(minimal(extra={"args": [item, "0"] if "=" not in item else [item]}))
+    assert problem.endswith("is generated from server.shutdown_timeout; set server.shutdown_timeout in the TOML "
+                            "instead"), problem
+
+
+def test_the_drain_fits_in_the_units_stop_timeout():
+    """The role's drop-in waits shutdown_timeout + a margin; the margin covers the launcher's cleanup."""
+    role = LAUNCHER.parents[1]
+    margin = re.search(r"^_vllm_instance_stop_margin: (\d+)$", (role / "vars" / "main.yml").read_text(), re.M)
+    assert margin and int(margin[1]) >= launch.ORPHAN_GRACE_SECONDS + 5
 
 
 # --------------------------------------------------------------------------- rejected keys

@@ -1,8 +1,10 @@
 """The preflight and the launcher agree: one vocabulary, walked value by value.
 
 Every value of the launcher's vocabulary (roles/vllm_instance/files/inferops_vllm_launch.py: DTYPES,
-QUANTIZATION_METHODS, KV_CACHE_DTYPES, BLOCK_SIZES, KV_BUFFER_DEVICES, KV_TRANSFER_BACKENDS, the flags
-extra args may not pass, the variables [environment] may not set), and values next to it that it
+QUANTIZATION_METHODS, KV_CACHE_DTYPES, BLOCK_SIZES, KV_BUFFER_DEVICES, KV_TRANSFER_BACKENDS,
+KV_LOAD_FAILURE_POLICIES, the drain's range, the flags extra args may not pass, the variables
+[environment] may not set; a test fails when a key with choices is added to the launcher's schema and
+not walked here), and values next to it that it
 refuses, goes through the launcher's own validate() on a minimal TOML and through the controller-side
 preflight (inferops.vllm.pd_preflight on a whole inventory, and launcher_problems as the role's
 preflight calls it). The preflight must refuse exactly what the launcher refuses, naming the host,
@@ -47,7 +49,8 @@ def settings(**kw: Any) -> dict[str, Any]:
         "pipeline_parallel_size": 1, "enforce_eager": False, "trust_remote_code": False, "kv_cache_dtype": "auto",
         "kv_cache_memory_bytes": GIB, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": 0, "block_size": 0,
         "enable_prefix_caching": True, "max_num_seqs": 0, "max_num_batched_tokens": 0,
-        "enable_chunked_prefill": None, "kv_buffer_device": "cpu",
+        "enable_chunked_prefill": None, "kv_buffer_device": "cpu", "kv_load_failure_policy": "recompute",
+        "shutdown_timeout": 60,
     }
     base.update(kw)
     return base
@@ -112,6 +115,8 @@ REFUSED_SAMPLES = {
     "kv_buffer_device": ["gpu", "CUDA", "nvme", "host"],
     "kv_transfer_backend": ["nccl", "p2pnccl", "NIXL", "mooncake", "lmcache"],
     "gpu_memory_utilization": [0.0, -0.1, 1.01, 1.5, 2],
+    "kv_load_failure_policy": ["Recompute", "FAIL", "retry", "abort", "ignore", ""],
+    "shutdown_timeout": [-1, -60],
 }
 VOCABULARY = {
     "dtype": ("model", "dtype", launch.DTYPES),
@@ -121,7 +126,12 @@ VOCABULARY = {
     "kv_buffer_device": ("pd_disaggregation", "kv_buffer_device", launch.KV_BUFFER_DEVICES),
     "kv_transfer_backend": ("pd_disaggregation", "kv_transfer_backend", tuple(launch.KV_TRANSFER_BACKENDS)),
     "gpu_memory_utilization": ("kv_cache", "gpu_memory_utilization", (0.05, 0.5, 0.9, 1.0)),
+    "kv_load_failure_policy": ("pd_disaggregation", "kv_load_failure_policy", launch.KV_LOAD_FAILURE_POLICIES),
+    "shutdown_timeout": ("server", "shutdown_timeout", (0, 1, 60, 86400)),
 }
+# Settings only decode instances render (a producer loads no KV): the role's preflight of a prefill host
+# does not see them (the role's argument spec refuses a bad value there), pd_preflight checks them everywhere.
+DECODE_ONLY = {"kv_load_failure_policy"}
 VALUE_CASES = [(setting, section, key, value)
                for setting, (section, key, accepted) in VOCABULARY.items()
                for value in (*accepted, *REFUSED_SAMPLES[setting])]
@@ -180,6 +190,19 @@ def _inventory_for(case) -> tuple[dict[str, Any], dict[str, list[str]]]:
     return hostvars(**{setting: value})
 
 
+def test_every_choice_of_the_launchers_schema_is_walked():
+    """A key with a list of values added to the launcher's SCHEMA must be walked here (VOCABULARY)."""
+    walked = {(section, key) for section, key, _accepted in VOCABULARY.values()}
+    with_choices = {(section, key) for section, keys in launch.SCHEMA.items() for key, spec in keys.items()
+                    if spec.choices}
+    # The PD role comes from the inventory group, checked by the groups check.
+    assert with_choices - walked == {("pd_disaggregation", "role")}
+    for setting, (section, key, accepted) in VOCABULARY.items():
+        spec = launch.SCHEMA[section][key]
+        if spec.choices:
+            assert tuple(accepted) == tuple(spec.choices), setting
+
+
 def test_the_cases_cover_the_whole_vocabulary():
     assert len(ALL_CASES) > 150
     for setting, (section, key, accepted) in VOCABULARY.items():
@@ -211,6 +234,7 @@ def test_pd_preflight_refuses_exactly_what_the_launcher_refuses(case):
 def test_the_roles_preflight_refuses_exactly_what_the_launcher_refuses(case):
     """launcher_problems, as roles/vllm_instance/tasks/preflight.yml calls it for one host."""
     setting, _section, _key, value = case
+    role, host = ("decode", "d1") if setting in DECODE_ONLY else ("prefill", "p1")
     variables: dict[str, Any] = {}
     kw: dict[str, Any] = {}
     if setting in ("extra_args", "environment"):
@@ -221,9 +245,9 @@ def test_the_roles_preflight_refuses_exactly_what_the_launcher_refuses(case):
         kw.update(kv_cache_memory_bytes=0, gpu_memory_utilization=value)
     else:
         kw[setting] = value
-    lines = pf.launcher_problems(published("prefill", **kw), "p1", variables)
+    lines = pf.launcher_problems(published(role, **kw), host, variables)
     assert bool(lines) is _launcher_verdict(case), "\n".join(lines)
-    assert all(line.startswith("[launcher] p1/prefill-0: ") for line in lines), lines
+    assert all(line.startswith(f"[launcher] {host}/{role}-0: ") for line in lines), lines
     assert SECRET not in "\n".join(lines)
 
 
@@ -459,6 +483,7 @@ def test_the_roles_argument_spec_lists_the_launchers_vocabulary():
     assert tuple(options["vllm_instance_kv_cache_dtype"]["choices"]) == launch.KV_CACHE_DTYPES
     assert tuple(options["vllm_instance_kv_buffer_device"]["choices"]) == launch.KV_BUFFER_DEVICES
     assert tuple(options["vllm_instance_kv_transfer_backend"]["choices"]) == tuple(launch.KV_TRANSFER_BACKENDS)
+    assert tuple(options["vllm_instance_kv_load_failure_policy"]["choices"]) == launch.KV_LOAD_FAILURE_POLICIES
     assert "choices" not in options["vllm_instance_quantization"]  # the launcher's list decides
 
 

@@ -201,6 +201,43 @@ def test_launcher_refusals_and_bad_keys_stop_the_preflight_without_showing_them(
     assert all(counts[1] == 0 and counts[2] == 0 for counts in recap.values()), output
 
 
+def test_a_short_drain_is_an_ansible_warning_and_the_preflight_passes(tmp_path):
+    """tests/preflight/good with 8192-token requests: decode-1's 60 s drain is shorter than one of them at
+    20 tokens/s (410 s). The preflight passes and says so as an Ansible warning, naming host, instance,
+    variable and the number; a per-instance override long enough silences it."""
+    case = tmp_path / "inventory"
+    shutil.copytree(CASES_DIR / GOOD, case)
+    (tmp_path / "models").symlink_to(CASES_DIR / "models", target_is_directory=True)
+    all_yml = case / "group_vars" / "all.yml"
+    text, count = re.subn(r"^vllm_instance_max_model_len: .*$", "vllm_instance_max_model_len: 8192",
+                          all_yml.read_text(encoding="utf-8"), flags=re.M)
+    assert count == 1
+    all_yml.write_text(text, encoding="utf-8")
+
+    def run() -> str:
+        done = subprocess.run(
+            [ANSIBLE_PLAYBOOK, "-i", str(case), str(REPO / "playbooks" / "preflight.yml")],
+            cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=180, check=False,
+        )
+        output = _output(done)
+        assert done.returncode == 0, output
+        assert "PD preflight passed" in output, output
+        return " ".join(output.split())  # warnings are wrapped to the terminal's width
+
+    output = run()
+    assert re.search(r"\[WARNING\]: PD preflight: \[drain\] decode-1/decode-0: vllm_instance_shutdown_timeout: "
+                     r"is 60 s, but one request of max_model_len 8192 tokens at inferops_min_tokens_per_second "
+                     r"20 tokens/s takes 410 s", output), output
+    assert "raise it to at least 410" in output and "prefill-1/prefill-0" not in output
+    hosts = (case / "hosts.yml").read_text(encoding="utf-8").replace(
+        "      ansible_host: 192.0.2.21\n",
+        "      ansible_host: 192.0.2.21\n"
+        "      vllm_instance_instances:\n"
+        "        - {name: decode-0, port: 8200, kv_transfer_port: 5700, overrides: {shutdown_timeout: 410}}\n")
+    (case / "hosts.yml").write_text(hosts, encoding="utf-8")
+    assert "[drain]" not in run()
+
+
 # The vllm_instance role's own preflight (what deploy_pd.yml and the role run before changing a host),
 # on localhost: after gathering network facts it runs only controller-side actions (assert, set_fact).
 ROLE_PREFLIGHT = """\

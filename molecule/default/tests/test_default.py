@@ -3,6 +3,7 @@ real KV handoff from prefill to decode over NIXL."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -76,15 +77,32 @@ def test_config_maps_roles_to_kv_roles(prefill_host, decode_host):
         for section in ("[server]", "[model]", "[kv_cache]", "[pd_disaggregation]"):
             assert section in text
         assert 'kv_transfer_backend = "nixl"' in text
-    # Each side lists its peers from the inventory.
-    assert ":8200" in p.split("decode_instances", 1)[1]
-    assert ":8100" in d.split("prefill_instances", 1)[1]
+    # No peer lists: only the router needs them, and a new peer host must restart no instance.
+    assert "prefill_instances" not in p + d and "decode_instances" not in p + d
     check = prefill_host.run(f"{LAUNCH} /etc/vllm/prefill-0.toml")
     assert check.rc == 0, check.stderr
     assert '"kv_role":"kv_producer"' in check.stdout
+    assert "kv_load_failure_policy" not in check.stdout
     check = decode_host.run(f"{LAUNCH} /etc/vllm/decode-0.toml")
     assert check.rc == 0, check.stderr
     assert '"kv_role":"kv_consumer"' in check.stdout
+    # Decode recomputes a prompt whose KV failed to load instead of answering 500.
+    assert '"kv_load_failure_policy":"recompute"' in check.stdout
+    # Stop drains: vLLM refuses new requests and gives running ones the shutdown timeout, and systemd
+    # waits that long plus the launcher's reaping.
+    for host, name in ((prefill_host, "prefill-0"), (decode_host, "decode-0")):
+        out = host.run(f"{LAUNCH} /etc/vllm/{name}.toml").stdout
+        timeout = int(out.split("--shutdown-timeout ", 1)[1].split()[0])
+        assert timeout > 0, out
+        shown = host.check_output(f"systemctl show -p TimeoutStopUSec --value vllm@{name}")
+        assert _seconds(shown) == timeout + 15, (name, shown, timeout)
+
+
+def _seconds(shown: str) -> int:
+    """systemd's "1min 15s" (or "75s", "2min") in seconds."""
+    minutes = re.search(r"(\d+)min", shown)
+    seconds = re.search(r"(\d+)s\b", shown)
+    return (int(minutes.group(1)) * 60 if minutes else 0) + (int(seconds.group(1)) if seconds else 0)
 
 
 def test_launcher_rejects_a_broken_config_on_the_host(prefill_host):

@@ -51,6 +51,10 @@ table order, then ``extra.args`` verbatim)::
     server.api_key_env                names the variable holding the API key; it must be
                                       set and non-empty; its value is exported as
                                       VLLM_API_KEY.  Never on argv (no --api-key).
+    server.shutdown_timeout           --shutdown-timeout         (>= 0 seconds; 0 = a stop aborts the
+                                      running requests, N = a stop first refuses new requests and
+                                      gives the running ones N s to finish.  Set the unit's
+                                      TimeoutStopSec above N + ORPHAN_GRACE_SECONDS)
     model.name                        positional model argument (required)
     model.revision                    --revision
     model.dtype                       --dtype                    (auto, bfloat16, float16, float32, half, float)
@@ -73,9 +77,18 @@ table order, then ``extra.args`` verbatim)::
                                       {"kv_buffer_device":..,"kv_connector":"NixlConnector","kv_role":..}
                                       (role prefill -> kv_producer, decode -> kv_consumer;
                                       kv_transfer_backend must be "nixl"; kv_buffer_device cuda|cpu)
+    pd_disaggregation.kv_load_failure_policy  "kv_load_failure_policy" in that JSON, for role decode only
+                                      (see KV_LOAD_FAILURE_POLICIES: "recompute" = a decode whose KV load
+                                      fails computes the prompt itself, "fail" = the request fails, vLLM's
+                                      default when the key is absent).  Accepted and ignored for role
+                                      prefill: a producer loads no KV.
     pd_disaggregation.side_channel_host   env VLLM_NIXL_SIDE_CHANNEL_HOST (required when enabled)
     pd_disaggregation.kv_transfer_port    env VLLM_NIXL_SIDE_CHANNEL_PORT (required when enabled, != server.port)
-    pd_disaggregation.prefill_instances / decode_instances   informational lists of http(s) URLs
+    pd_disaggregation.prefill_instances / decode_instances   lists of http(s) URLs, checked and otherwise
+                                      ignored (informational: vLLM does not read them; the router alone
+                                      keeps the peer list, and the vllm_instance role no longer writes
+                                      them, so adding or removing a peer restarts no instance).  Accepted
+                                      for hand-written configs (the sources' skeletons have them).
     cpu.omp_threads_bind              env VLLM_CPU_OMP_THREADS_BIND
     cpu.kvcache_space_gib             env VLLM_CPU_KVCACHE_SPACE (> 0)
     devices.cuda_visible_devices      env CUDA_VISIBLE_DEVICES
@@ -90,11 +103,12 @@ Rejected keys (removed or never-existing vLLM features) are reported with the
 replacement to use; see REJECTED_KEYS.
 
 Vocabulary: the constants below (DTYPES, QUANTIZATION_METHODS, KV_CACHE_DTYPES,
-BLOCK_SIZES, KV_BUFFER_DEVICES, KV_TRANSFER_BACKENDS, RESERVED_FLAGS, ...) and the
-resolve_* functions (what vLLM makes of ``auto`` and of an unset block size) are
-the single source of what is accepted: the collection's controller-side preflight
-(plugins/filter/preflight.py) loads this file and runs validate() on the config
-every instance would get, so it refuses exactly what the launcher refuses.
+BLOCK_SIZES, KV_BUFFER_DEVICES, KV_TRANSFER_BACKENDS, KV_LOAD_FAILURE_POLICIES,
+RESERVED_FLAGS, ...) and the resolve_* functions (what vLLM makes of ``auto`` and of
+an unset block size) are the single source of what is accepted: the collection's
+controller-side preflight (plugins/filter/preflight.py) loads this file and runs
+validate() on the config every instance would get, so it refuses exactly what the
+launcher refuses.
 
 Python API (used by the unit tests):
     resolve_dtype(dtype, checkpoint_dtype)        the weight dtype vLLM runs with (None: unknown)
@@ -180,6 +194,9 @@ AUTO_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "bfloat1
 PD_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 KV_TRANSFER_BACKENDS = {"nixl": "NixlConnector"}
 KV_BUFFER_DEVICES = ("cuda", "cpu")
+# What a decode (kv_consumer) does when loading a request's KV from prefill fails: vLLM 0.32's
+# KVTransferConfig.kv_load_failure_policy (vllm/config/kv_transfer.py; "fail" is vLLM's default).
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
 ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 # The log shows the values of these variables only; every other value is <redacted> (an
@@ -222,6 +239,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "port": Key("int", flag="--port", minimum=1, maximum=65535),
         "served_model_name": Key("str", flag="--served-model-name"),
         "api_key_env": Key("env_name"),
+        "shutdown_timeout": Key("int", flag="--shutdown-timeout", minimum=0),
     },
     "model": {
         "name": Key("str"),
@@ -252,6 +270,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "role": Key("str", choices=tuple(PD_ROLES)),
         "kv_transfer_backend": Key("str", choices=tuple(KV_TRANSFER_BACKENDS)),
         "kv_buffer_device": Key("str", choices=KV_BUFFER_DEVICES),
+        "kv_load_failure_policy": Key("str", choices=KV_LOAD_FAILURE_POLICIES),
         "side_channel_host": Key("str", env="VLLM_NIXL_SIDE_CHANNEL_HOST"),
         "kv_transfer_port": Key("int", env="VLLM_NIXL_SIDE_CHANNEL_PORT", minimum=1, maximum=65535),
         "prefill_instances": Key("url_list"),
@@ -327,7 +346,7 @@ RESERVED_FLAGS = {
     ),
     "--kv-transfer-config": (
         "--kv-transfer-config is generated from [pd_disaggregation] (enabled, role, kv_transfer_backend, "
-        "kv_buffer_device); set those keys instead"
+        "kv_buffer_device, kv_load_failure_policy); set those keys instead"
     ),
     "--model": "--model is generated from model.name (the positional model argument); set model.name instead",
 }
@@ -811,6 +830,9 @@ def build(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> tuple
             "kv_role": PD_ROLES[pd["role"]],
             "kv_buffer_device": pd.get("kv_buffer_device", "cuda"),
         }
+        # Only a consumer loads KV; on a producer the policy would have nothing to act on.
+        if pd["role"] == "decode" and "kv_load_failure_policy" in pd:
+            transfer["kv_load_failure_policy"] = pd["kv_load_failure_policy"]
         args += ["--kv-transfer-config", json.dumps(transfer, sort_keys=True, separators=(",", ":"))]
 
     for section in ("pd_disaggregation", "cpu", "devices"):

@@ -43,7 +43,8 @@ def settings(**kw: Any) -> dict[str, Any]:
         "pipeline_parallel_size": 1, "enforce_eager": False, "trust_remote_code": False, "kv_cache_dtype": "auto",
         "kv_cache_memory_bytes": 0, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": 0, "block_size": 0,
         "enable_prefix_caching": True, "max_num_seqs": 0, "max_num_batched_tokens": 0,
-        "enable_chunked_prefill": None, "kv_buffer_device": "cpu",
+        "enable_chunked_prefill": None, "kv_buffer_device": "cpu", "kv_load_failure_policy": "recompute",
+        "shutdown_timeout": 60,
     }
     base.update(kw)
     return base
@@ -232,8 +233,27 @@ def test_host_variables_named_like_the_plain_data_keys():
 
 def test_registered_under_their_names():
     filters = FilterModule().filters()
-    assert filters["pd_preflight"] is pd_preflight
+    assert filters["pd_preflight"] is pf._pd_preflight_filter  # pd_preflight, and its warnings shown
+    assert filters["pd_preflight_warnings"] is pf.pd_preflight_warnings
     assert filters["kv_sizing"] is kv_sizing
+
+
+def test_the_filter_returns_the_problems_and_shows_the_warnings_as_ansible_warnings(monkeypatch):
+    shown = []
+
+    class FakeDisplay:
+        def warning(self, msg):
+            shown.append(msg)
+
+    monkeypatch.setattr(pf, "Display", FakeDisplay)
+    published, groups = inventory(prefill={"p1": instance("prefill", max_model_len=8192)},
+                                  decode={"d1": instance("decode", max_model_len=8192, enforce_eager="yes")})
+    lines = FilterModule().filters()["pd_preflight"](published, groups, {})
+    assert lines == pd_preflight(published, groups, {}) and len(lines) == 1 and lines[0].startswith("[booleans]")
+    assert shown == ["PD preflight: " + line for line in pf.pd_preflight_warnings(published, groups, {})]
+    assert len(shown) == 1 and shown[0].startswith("PD preflight: [drain] d1/decode-0: vllm_instance_shutdown_timeout")
+    monkeypatch.setattr(pf, "Display", None)  # outside Ansible: nothing is shown, nothing fails
+    assert FilterModule().filters()["pd_preflight"](published, groups, {}) == lines
 
 
 # --- groups ---------------------------------------------------------------------------------------
@@ -692,6 +712,157 @@ def test_client_timeout_against_max_model_len():
 
 def test_client_timeout_must_be_a_number():
     one(problems(options={"client_timeout_seconds": "soon"}), "client", "is 'soon', not a positive number")
+
+
+# --- drain on stop -----------------------------------------------------------------------------------
+
+
+def warnings(published=None, groups=None, options=None, **inv: Any) -> list[str]:
+    if published is None:
+        published, groups = inventory(**inv)
+    return pf.pd_preflight_warnings(published, groups, options or {})
+
+
+def test_a_drain_shorter_than_the_longest_request_is_a_warning_not_a_problem():
+    long = {"max_model_len": 8192}
+    prefill, decode = {"p1": instance("prefill", **long)}, {"d1": instance("decode", **long)}
+    assert problems(prefill=prefill, decode=decode) == []
+    (line,) = warnings(prefill=prefill, decode=decode)
+    assert line == (
+        "[drain] d1/decode-0: vllm_instance_shutdown_timeout: is 60 s, but one request of max_model_len 8192 tokens "
+        "at inferops_min_tokens_per_second 20 tokens/s takes 410 s: a stop or restart of the instance (a changed "
+        "config, a removed instance, a host shutdown) aborts the requests still running after 60 s. Fix: raise it "
+        "to at least 410 (systemd then waits up to 425 s for the stop), lower vllm_instance_max_model_len to at most "
+        "1200, or accept that the longest requests are cut off by a stop.")
+
+
+def test_the_drain_check_uses_the_minimum_rate_and_the_models_own_length():
+    decode = {"d1": instance("decode", max_model_len=0, facts={**SMOL, "max_position_embeddings": 4096})}
+    assert "takes 205 s" in warnings(decode=decode)[0]
+    assert "takes 410 s" in warnings(decode=decode, options={"min_tokens_per_second": 10})[0]
+    assert warnings(decode=decode, options={"min_tokens_per_second": 100}) == []
+    assert warnings(decode={"d1": instance("decode", max_model_len=0, facts={})}) == []  # length unknown
+
+
+@pytest.mark.parametrize(("timeout", "warned"), [(409, True), (410, False), (3600, False)])
+def test_a_drain_as_long_as_the_longest_request_is_fine(timeout, warned):
+    decode = {"d1": instance("decode", max_model_len=8192, shutdown_timeout=timeout)}
+    assert bool(warnings(decode=decode)) is warned
+
+
+def test_no_drain_at_all_is_said():
+    (line,) = warnings(decode={"d1": instance("decode", shutdown_timeout=0)})
+    assert "vllm_instance_shutdown_timeout: is 0 s (no drain: a stop aborts every running request), but one " \
+           "request of max_model_len 512 tokens at inferops_min_tokens_per_second 20 tokens/s takes 26 s" in line
+    assert line.endswith("Fix: raise it to at least 26 (systemd then waits up to 41 s for the stop), or accept that "
+                         "the longest requests are cut off by a stop.")
+
+
+def test_prefill_instances_are_not_measured_against_the_generation_rate():
+    assert warnings(prefill={"p1": instance("prefill", max_model_len=8192, shutdown_timeout=0)}) == []
+
+
+def test_the_drain_warning_names_each_instance_and_its_override():
+    decode = {"d1": instance("decode", max_model_len=8192, instances=[
+        {"name": "decode-0", "port": 8200, "kv_transfer_port": 5700},
+        {"name": "decode-1", "port": 8201, "kv_transfer_port": 5701, "overrides": {"shutdown_timeout": 30}},
+        {"name": "decode-2", "port": 8202, "kv_transfer_port": 5702, "overrides": {"shutdown_timeout": 900}},
+    ])}
+    found = warnings(decode=decode)
+    assert len(found) == 2, found
+    assert found[0].startswith("[drain] d1/decode-0: vllm_instance_shutdown_timeout: is 60 s")
+    assert found[1].startswith("[drain] d1/decode-1: vllm_instance_instances[decode-1].overrides.shutdown_timeout: "
+                               "is 30 s")
+
+
+@pytest.mark.parametrize("value", ["soon", -1, True, 1.5])
+def test_the_drain_must_be_whole_seconds(value):
+    found = problems(decode={"d1": instance("decode", shutdown_timeout=value)})
+    one(found, "drain", f"d1: vllm_instance_shutdown_timeout: is {pf._show(value)}, not a whole number of seconds >= 0")
+    assert not [line for line in found if line.startswith("[launcher]")], found  # not twice
+
+
+def test_an_invalid_minimum_rate_is_a_problem_of_the_drain_check_without_a_client_timeout():
+    one(problems(options={"min_tokens_per_second": 0}), "drain", "inferops_min_tokens_per_second: is 0")
+    found = problems(options={"min_tokens_per_second": 0, "client_timeout_seconds": 60})
+    one(found, "client", "inferops_min_tokens_per_second: is 0")
+    assert not [line for line in found if line.startswith("[drain]")], found
+
+
+def test_the_drain_of_an_older_publish_is_the_roles_default():
+    pub = instance("decode", max_model_len=8192)
+    for entry in (pub["settings"], *(i["settings"] for i in pub["instances"])):
+        entry.pop("shutdown_timeout", None)
+    assert "is 60 s" in warnings(decode={"d1": pub})[0]
+
+
+def test_extra_args_cannot_set_the_drain_and_the_fix_names_the_variable():
+    found = problems(decode={"d1": instance("decode", extra_args=["--shutdown-timeout", "0"])})
+    one(found, "launcher", "d1/decode-0: vllm_instance_extra_args: the launcher on the host would refuse the "
+        "instance's extra.args[0]: \"--shutdown-timeout\" is not allowed",
+        "Fix: set vllm_instance_shutdown_timeout (or an instance's overrides.shutdown_timeout) instead (it renders "
+        "server.shutdown_timeout).")
+
+
+# --- KV load failures on decode ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["retry", "Recompute", "", None, True])
+def test_an_unknown_kv_load_failure_policy_is_refused_on_every_host(value):
+    found = problems(prefill={"p1": instance("prefill", kv_load_failure_policy=value)},
+                     decode={"d1": instance("decode", kv_load_failure_policy=value)})
+    one(found, "unsupported", f"p1, d1: vllm_instance_kv_load_failure_policy: is {pf._show(value)}, not a KV load "
+        "failure policy of vLLM 0.32 (recompute, fail).", "Fix: use 'recompute'")
+    assert len(found) == 1, found  # the launcher check does not say it again for d1
+
+
+@pytest.mark.parametrize("value", ["recompute", "fail"])
+def test_the_kv_load_failure_policies_of_vllm(value):
+    assert problems(decode={"d1": instance("decode", kv_load_failure_policy=value)}) == []
+
+
+def test_a_kv_load_failure_policy_override_is_named():
+    decode = {"d1": instance("decode", instances=[
+        {"name": "decode-0", "port": 8200, "kv_transfer_port": 5700, "overrides": {"kv_load_failure_policy": "skip"}},
+        {"name": "decode-1", "port": 8201, "kv_transfer_port": 5701}])}
+    one(problems(decode=decode), "unsupported",
+        "d1/decode-0: vllm_instance_instances[decode-0].overrides.kv_load_failure_policy: is 'skip'")
+
+
+# --- the TOML each instance gets (the preflight's mirror of templates/instance.toml.j2) ------------------
+
+
+def rendered(published, groups, host: str, name: str) -> dict[str, Any]:
+    inv = pf._load(published, groups, None)
+    (inst,) = [i for i in inv.instances if i.host == host and i.name == name]
+    return pf._launcher_config(inv, inst)[0]
+
+
+def test_an_instances_toml_does_not_change_when_a_peer_host_is_added_or_removed():
+    before = inventory()
+    after = inventory(decode={"d1": instance("decode", address="10.0.0.21"),
+                              "d2": instance("decode", address="10.0.0.22")},
+                      prefill={"p1": instance("prefill", address="10.0.0.11"),
+                               "p2": instance("prefill", address="10.0.0.12")})
+    assert problems(*after) == []
+    for host, name in (("p1", "prefill-0"), ("d1", "decode-0")):
+        config = rendered(*before, host, name)
+        assert config == rendered(*after, host, name)
+        assert "prefill_instances" not in config["pd_disaggregation"]
+        assert "decode_instances" not in config["pd_disaggregation"]
+        assert pf.launcher().validate(config) == []
+
+
+def test_the_toml_carries_the_drain_and_the_decodes_kv_load_failure_policy():
+    published, groups = inventory(decode={"d1": instance("decode", shutdown_timeout=300)})
+    prefill, decode = rendered(published, groups, "p1", "prefill-0"), rendered(published, groups, "d1", "decode-0")
+    assert prefill["server"]["shutdown_timeout"] == 60 and decode["server"]["shutdown_timeout"] == 300
+    assert "kv_load_failure_policy" not in prefill["pd_disaggregation"]
+    assert decode["pd_disaggregation"]["kv_load_failure_policy"] == "recompute"
+    args = pf.launcher().build(decode, None)[0]
+    assert args[args.index("--shutdown-timeout") + 1] == "300"
+    transfer = args[args.index("--kv-transfer-config") + 1]
+    assert '"kv_load_failure_policy":"recompute","kv_role":"kv_consumer"' in transfer
 
 
 def test_loopback_side_channel_across_hosts():
