@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import GIB, SMOL
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import settings as base_settings
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
@@ -38,22 +40,9 @@ def _import_launcher():
 # The launcher as a host runs it, imported on its own (not through the preflight).
 launch = _import_launcher()
 
-SMOL = {"num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30, "head_dim": 64,
-        "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
-GIB = 1 << 30
-
-
 def settings(**kw: Any) -> dict[str, Any]:
-    base = {
-        "dtype": "auto", "max_model_len": 512, "quantization": "", "tensor_parallel_size": 1,
-        "pipeline_parallel_size": 1, "enforce_eager": False, "trust_remote_code": False, "kv_cache_dtype": "auto",
-        "kv_cache_memory_bytes": GIB, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": 0, "block_size": 0,
-        "enable_prefix_caching": True, "max_num_seqs": 0, "max_num_batched_tokens": 0,
-        "enable_chunked_prefill": None, "kv_buffer_device": "cpu", "kv_load_failure_policy": "recompute",
-        "shutdown_timeout": 60,
-    }
-    base.update(kw)
-    return base
+    """The shared defaults with a context and a KV budget (the launcher needs both)."""
+    return base_settings(**{"max_model_len": 512, "kv_cache_memory_bytes": GIB, **kw})
 
 
 def published(role: str, *, backend: str = "nixl", variant: str = "cpu", facts: dict | None = None,

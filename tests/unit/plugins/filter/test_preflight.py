@@ -21,33 +21,11 @@ from ansible_collections.inferops.vllm.plugins.filter.preflight import (
     kv_sizing,
     pd_preflight,
 )
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import GIB, SMOL, settings
 
-# SmolLM2-135M-Instruct, the sandbox's model (its config.json).
-SMOL = {
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "num_hidden_layers": 30,
-    "head_dim": 64,
-    "torch_dtype": "bfloat16",
-    "max_position_embeddings": 8192,
-}
 # Qwen2.5-14B-Instruct: 40 heads, 8 KV heads, 48 layers, head_dim 128.
 QWEN14 = {"num_attention_heads": 40, "num_key_value_heads": 8, "num_hidden_layers": 48, "hidden_size": 5120,
           "torch_dtype": "bfloat16", "max_position_embeddings": 32768}
-GIB = 1 << 30
-
-
-def settings(**kw: Any) -> dict[str, Any]:
-    base = {
-        "dtype": "auto", "max_model_len": 0, "quantization": "", "tensor_parallel_size": 1,
-        "pipeline_parallel_size": 1, "enforce_eager": False, "trust_remote_code": False, "kv_cache_dtype": "auto",
-        "kv_cache_memory_bytes": 0, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": 0, "block_size": 0,
-        "enable_prefix_caching": True, "max_num_seqs": 0, "max_num_batched_tokens": 0,
-        "enable_chunked_prefill": None, "kv_buffer_device": "cpu", "kv_load_failure_policy": "recompute",
-        "shutdown_timeout": 60,
-    }
-    base.update(kw)
-    return base
 
 
 def instance(role: str, instances: list[dict[str, Any]] | None = None, *, address: str = "",
