@@ -40,6 +40,7 @@ def _import_launcher():
 # The launcher as a host runs it, imported on its own (not through the preflight).
 launch = _import_launcher()
 
+
 def settings(**kw: Any) -> dict[str, Any]:
     """The shared defaults with a context and a KV budget (the launcher needs both)."""
     return base_settings(**{"max_model_len": 512, "kv_cache_memory_bytes": GIB, **kw})
