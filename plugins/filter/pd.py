@@ -47,7 +47,9 @@ def pd_instances(hostvars, prefill_hosts, decode_hosts):
                         "host": host,
                         "role": group,
                         "url": f"http://{url_host(published['address'])}:{int(inst['port'])}",
+                        "port": int(inst["port"]),
                         "kv_transfer_port": int(inst["kv_transfer_port"]),
+                        "shutdown_timeout": int(settings.get("shutdown_timeout") or 0),
                         "expected": {
                             "kv_cache_dtype": settings.get("kv_cache_dtype", "auto"),
                             "block_size": block_size or None,

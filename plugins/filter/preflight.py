@@ -60,7 +60,7 @@ LAUNCHER_MODULE = "_inferops_vllm_launch"
 API_KEY_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,}")
 API_KEY_RULE = "16 or more characters of A-Z a-z 0-9 . _ ~ + / = - (RFC 6750 bearer token characters)"
 # The router role's documented defaults (roles/vllm_router/defaults/main.yml).
-ROUTER_DEFAULTS = {"port": 8300, "metrics_port": 29000, "front_port": 8000}
+ROUTER_DEFAULTS = {"port": 8300, "metrics_port": 29000, "front_port": 8000, "replicas": 2}
 ROUTER_VARS = {"port": "vllm_router_port", "metrics_port": "vllm_router_metrics_port",
                "front_port": "vllm_router_front_port"}
 # The slowest generation speed to plan for (inferops_min_tokens_per_second): the client check and
@@ -498,6 +498,8 @@ def _router_from_vars(variables: Mapping[str, Any]) -> dict[str, Any]:
         if state == "broken":
             value = "(undefined variable)"
         out[key] = ROUTER_DEFAULTS[key] if state == "unset" else value
+    replicas, state = _var(variables, "vllm_router_replicas")
+    out["replicas"] = ROUTER_DEFAULTS["replicas"] if state != "set" else replicas
     keys, state = _var(variables, "vllm_router_api_keys")
     out["api_keys_broken"] = state == "broken"
     out["api_keys_count"] = len(keys) if isinstance(keys, list) else 0
@@ -815,9 +817,18 @@ def _check_ports(rep: _Report, inv: _Inventory) -> None:
         for key in ("port", "kv_transfer_port"):
             by_host.setdefault(inst.host, []).append((f"{inst.name} {key}", getattr(inst, key), key))
     for host, pub in inv.router_pub.items():
+        # vllm-router runs vllm_router_replicas processes: replica i on vllm_router_port + i and
+        # vllm_router_metrics_port + i.
+        replicas = _to_int(pub.get("replicas"))
+        replicas = replicas if replicas is not None and 1 <= replicas <= 8 else 1
         for key, var in ROUTER_VARS.items():
             value = pub.get(key)
-            by_host.setdefault(host, []).append((var, ROUTER_DEFAULTS[key] if value is None else value, var))
+            value = ROUTER_DEFAULTS[key] if value is None else value
+            by_host.setdefault(host, []).append((var, value, var))
+            base = _to_int(value)
+            if key != "front_port" and base is not None:
+                for index in range(1, replicas):
+                    by_host[host].append((f"{var} + {index} (router replica {index})", base + index, var))
     for host, uses in by_host.items():
         seen: dict[int, list[tuple[str, str]]] = {}
         for label, value, key in uses:

@@ -69,6 +69,16 @@ options:
         description:
           - NIXL side-channel port of the instance. Informational only, not checked.
         type: int
+      port:
+        description:
+          - Port of the instance's HTTP API, as the P(inferops.vllm.pd_instances#filter) filter gives it. Informational
+            only (O(instances[].url) is what is asked).
+        type: int
+      shutdown_timeout:
+        description:
+          - The instance's drain on stop, as the P(inferops.vllm.pd_instances#filter) filter gives it. Informational
+            only.
+        type: int
       expected:
         description:
           - The KV-cache settings the instance must run with. Only the keys that are given are checked,
@@ -143,11 +153,23 @@ options:
       - Whether to validate TLS certificates of HTTPS URLs.
     type: bool
     default: true
+  handoff:
+    description:
+      - How the proof requests reach the instances.
+      - V(router) sends them through O(router_url), which picks the instances.
+      - V(direct) does the handoff itself, as vllm-router does for NIXL, between the first V(prefill) and the first
+        V(decode) instance of O(instances); the prompt goes to prefill with C(kv_transfer_params.do_remote_decode) and
+        C(max_tokens=1), then the request to decode with the C(kv_transfer_params) prefill answered. This proves
+        one given pair, for example an instance out of the router's rotation during a rolling restart. The
+        requests carry O(instance_api_key).
+    type: str
+    choices: [router, direct]
+    default: router
   pd_proof:
     description:
-      - Whether to prove the prefill/decode handoff with proof requests through O(router_url).
-      - Defaults to V(true) when O(router_url) is set, V(false) otherwise. V(true) needs O(router_url) and at least
-        one V(prefill) and one V(decode) instance.
+      - Whether to prove the prefill/decode handoff with proof requests (see O(handoff)).
+      - Defaults to V(true) when O(router_url) is set or O(handoff=direct), V(false) otherwise. V(true) needs
+        O(router_url) (unless O(handoff=direct)) and at least one V(prefill) and one V(decode) instance.
       - The metrics are read right before and after each proof request, and the deltas are summed over the
         prefill instances and over the decode instances (the router may pick any of them).
       - The proof fails when a proof request failed or none was served, or when for any one request decode
@@ -547,6 +569,8 @@ def argument_spec():
         role=dict(type="str", required=True, choices=["prefill", "decode", "none"]),
         host=dict(type="str"),
         kv_transfer_port=dict(type="int"),
+        port=dict(type="int"),
+        shutdown_timeout=dict(type="int"),
         expected=dict(type="dict", options=expected),
     )
     return dict(
@@ -560,6 +584,7 @@ def argument_spec():
         wait_timeout=dict(type="int", default=600),
         request_timeout=dict(type="int", default=120),
         validate_certs=dict(type="bool", default=True),
+        handoff=dict(type="str", default="router", choices=["router", "direct"]),
         pd_proof=dict(type="bool"),
         proof_requests=dict(type="int", default=3),
         proof_prompt=dict(
@@ -607,8 +632,9 @@ class VllmHealth:
             for item in module.params["instances"]
         ]
         self.router_url = module.params["router_url"].rstrip("/") if module.params["router_url"] else None
+        self.direct = module.params["handoff"] == "direct"
         pd_proof = module.params["pd_proof"]
-        self.pd_proof = bool(self.router_url) if pd_proof is None else pd_proof
+        self.pd_proof = (bool(self.router_url) or self.direct) if pd_proof is None else pd_proof
 
     # ----------------------------------------------------------------------- plumbing
 
@@ -691,8 +717,8 @@ class VllmHealth:
         if self.request_timeout <= 0:
             problems.append(f"request_timeout must be more than 0, got {self.request_timeout}")
         if self.pd_proof:
-            if not self.router_url:
-                problems.append("pd_proof needs router_url: the proof requests go through the router")
+            if not self.router_url and not self.direct:
+                problems.append("pd_proof needs router_url (the proof requests go through it) or handoff=direct")
             roles = {inst["role"] for inst in self.instances}
             for role in ("prefill", "decode"):
                 if role not in roles:
@@ -854,13 +880,47 @@ class VllmHealth:
                 return evaluation
             time.sleep(min(1.0, remaining))
 
+    @staticmethod
+    def pair(pd):
+        """The prefill and decode instance of a direct handoff: the first of each role."""
+        return (next(inst for inst in pd if inst["role"] == "prefill"),
+                next(inst for inst in pd if inst["role"] == "decode"))
+
+    def send_proof(self, pd, body):
+        """(url, HttpResult) of one proof completion: through the router, or handed over directly.
+
+        Direct: what vllm-router does for NIXL. Prefill gets the prompt with max_tokens=1 and
+        kv_transfer_params.do_remote_decode, so it keeps the computed KV for a remote decode and
+        answers where to pull it from; decode gets the original request with those parameters.
+        """
+        if not self.direct:
+            url = f"{self.router_url}/v1/completions"
+            return url, self.request(url, method="POST", body=body, key=self.api_key)
+        prefill, decode = self.pair(pd)
+        url = f"{prefill['url']}/v1/completions"
+        first = dict(body, max_tokens=1, stream=False, kv_transfer_params=dict(
+            do_remote_decode=True, do_remote_prefill=False, remote_engine_id=None,
+            remote_block_ids=None, remote_host=None, remote_port=None))
+        result = self.request(url, method="POST", body=first, key=self.instance_key)
+        if not result.ok:
+            return url, result
+        try:
+            params = json.loads(result.body)["kv_transfer_params"]
+        except (ValueError, KeyError, TypeError):
+            params = None
+        if not isinstance(params, dict):
+            return url, HttpResult(None, error=(
+                f"POST {url} (prefill {prefill['name']}) answered no kv_transfer_params: is it a NIXL "
+                f"kv_producer? {snippet(result.body, self.secrets)}"))
+        url = f"{decode['url']}/v1/completions"
+        return url, self.request(url, method="POST", body=dict(body, kv_transfer_params=params), key=self.instance_key)
+
     def prove_handoff(self):
         """Send the proof requests one after the other and judge each from its own metrics deltas."""
         pd = [inst for inst in self.instances if inst["role"] in ("prefill", "decode")]
         roles = {inst["name"]: inst["role"] for inst in pd}
         router_before = self.router_metrics()
 
-        url = f"{self.router_url}/v1/completions"
         count = self.params["proof_requests"]
         tag = uuid.uuid4().hex[:12]
         served = failed = 0
@@ -882,9 +942,12 @@ class VllmHealth:
                 stream=False,
             )
             started = time.monotonic()
-            result = self.request(url, method="POST", body=body, key=self.api_key)
+            url, result = self.send_proof(pd, body)
             elapsed = time.monotonic() - started
-            where = f"PD proof request {number}/{count} through the router"
+            route = "through the router"
+            if self.direct:
+                route = f"from {self.pair(pd)[0]['name']} to {self.pair(pd)[1]['name']}"
+            where = f"PD proof request {number}/{count} {route}"
             if not result.ok:
                 failed += 1
                 self.problem(f"{where}: {result.error}")

@@ -68,20 +68,28 @@ def client(front_url):
 
 
 def test_router_units_and_sockets(router_host):
-    for unit in ("vllm-router", "nginx"):
+    # Two vllm-router replicas (the role's default) behind nginx.
+    for unit in ("vllm-router@0", "vllm-router@1", "nginx"):
         svc = router_host.service(unit)
         assert svc.is_running and svc.is_enabled, unit
+    assert not router_host.file("/etc/systemd/system/vllm-router.service").exists
     # vllm-router and its metrics only on loopback; the front on all addresses.
-    assert router_host.socket("tcp://127.0.0.1:8300").is_listening
-    assert not router_host.socket("tcp://0.0.0.0:8300").is_listening
-    assert router_host.socket("tcp://127.0.0.1:29000").is_listening
+    for port in (8300, 8301, 29000, 29001):
+        assert router_host.socket(f"tcp://127.0.0.1:{port}").is_listening, port
+        assert not router_host.socket(f"tcp://0.0.0.0:{port}").is_listening, port
     assert router_host.socket("tcp://0.0.0.0:8000").is_listening
     # The nginx package's default site (a welcome page on port 80) is gone.
     assert not router_host.socket("tcp://0.0.0.0:80").is_listening
-    pid = router_host.check_output("systemctl show -p MainPID --value vllm-router")
-    assert router_host.check_output(f"ps -o user= -p {pid}") == "vllm-router"
+    for replica in (0, 1):
+        pid = router_host.check_output(f"systemctl show -p MainPID --value vllm-router@{replica}")
+        assert router_host.check_output(f"ps -o user= -p {pid}") == "vllm-router"
+    # nginx knows both replicas and passes a request on to the next one when one refuses it.
+    site = router_host.file("/etc/nginx/sites-available/inferops-vllm.conf").content_string
+    assert "server 127.0.0.1:8300 max_fails=0;" in site and "server 127.0.0.1:8301 max_fails=0;" in site
+    proxy = router_host.file("/etc/nginx/inferops-vllm-proxy.conf").content_string
+    assert "proxy_next_upstream error http_500 http_502 http_503 non_idempotent;" in proxy
     # vllm-router renames its process (setproctitle): read the command line systemd runs.
-    unit = router_host.file("/etc/systemd/system/vllm-router.service").content_string
+    unit = router_host.file("/etc/systemd/system/vllm-router@.service").content_string
     assert "--vllm-pd-disaggregation" in unit and "--kv-connector nixl" in unit
     assert unit.count("--prefill http://") == 1 and unit.count("--decode http://") == 1
     assert all(secret(name) not in unit for name in ("client_api_key", "instance_api_key"))
@@ -189,9 +197,9 @@ def test_prompts_stay_out_of_the_logs(router_host, client):
     client.completions.create(model=MODEL, prompt=f"{marker} tells a story about", max_tokens=2, temperature=0)
     messages = [{"role": "user", "content": f"{marker} says hello"}]
     client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
-    journal = router_host.run("journalctl -u vllm-router -u nginx --no-pager -o cat").stdout
+    journal = router_host.run("journalctl -u 'vllm-router@*' -u nginx --no-pager -o cat").stdout
     logs = router_host.run("cat /var/log/nginx/inferops-vllm.access.log /var/log/nginx/inferops-vllm.error.log").stdout
-    assert marker not in journal, journal_tail(router_host, "vllm-router")
+    assert marker not in journal, journal_tail(router_host, "vllm-router@0")
     assert marker not in logs
     for name in ("client_api_key", "instance_api_key"):
         assert secret(name) not in journal and secret(name) not in logs, name

@@ -17,7 +17,7 @@ BOUNDS = [
     (DECODE, "vllm@decode-0.service", 2.0),
     (PREFILL, "inferops-vllm-firewall.service", 2.0),
     (DECODE, "inferops-vllm-firewall.service", 2.0),
-    (ROUTER, "vllm-router.service", 2.0),
+    (ROUTER, "vllm-router@0.service", 2.0),
     # The distribution's nginx (9.6 without our drop-in): its master keeps root to bind and drop privileges.
     (ROUTER, "nginx.service", 5.0),
 ]

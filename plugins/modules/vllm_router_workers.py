@@ -1,0 +1,171 @@
+#!/usr/bin/python
+# Copyright (c) inferops.vllm developers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_router_workers
+short_description: Take a vLLM instance out of vllm-router's rotation, or check that it is in it
+version_added: 0.2.0
+description:
+  - Runs on the router host and talks to each vllm-router process in O(routers) on its own port (its admin
+    routes are unauthenticated and bound to loopback by the C(inferops.vllm.vllm_router) role; the front never
+    passes them on).
+  - V(absent) removes O(url) from every router with C(POST /remove_worker?url=), then reads C(GET /list_workers)
+    to confirm that it is gone. New requests then go to the other instances of its pool, while the requests it is
+    running finish.
+  - V(present) only checks that every router lists O(url) (and, with O(healthy), that it counts it healthy), because
+    vllm-router 0.1.17 in PD mode cannot add a worker at run time (C(/add_worker) answers 400), so a removed instance
+    comes back when each router process restarts with its command line (the role restarts them one at a time).
+author:
+  - inferops.vllm developers (@inferops)
+extends_documentation_fragment:
+  - inferops.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - In check mode V(absent) reads the routers' worker lists and reports whether the instance would be removed.
+  diff_mode:
+    support: none
+options:
+  routers:
+    description:
+      - Base URLs of the vllm-router processes, for example V(http://127.0.0.1:8300).
+    type: list
+    elements: str
+    required: true
+  url:
+    description:
+      - The instance as the routers know it (the URL on their command line), for example V(http://10.0.0.5:8200).
+    type: str
+    required: true
+  state:
+    description:
+      - V(absent) takes the instance out of every router; V(present) checks that every router has it.
+    type: str
+    choices: [absent, present]
+    default: absent
+  healthy:
+    description:
+      - With O(state=present), wait up to O(timeout) seconds until every router also counts the instance healthy
+        (C(GET /workers)).
+    type: bool
+    default: true
+  timeout:
+    description:
+      - Seconds to wait for O(healthy).
+    type: int
+    default: 60
+"""
+
+EXAMPLES = r"""
+- name: Take decode-0 out of both router replicas
+  inferops.vllm.vllm_router_workers:
+    routers: [http://127.0.0.1:8300, http://127.0.0.1:8301]
+    url: http://10.0.0.5:8200
+    state: absent
+"""
+
+RETURN = r"""
+routers:
+  description: Per router, whether it listed the instance before and after.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"router": "http://127.0.0.1:8300", "listed_before": true, "listed_after": false}]
+"""
+
+import json  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.parse  # noqa: E402
+import urllib.request  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+HTTP_TIMEOUT = 10
+
+
+def call(url, method="GET"):
+    """JSON (or text) answer of one request to a router; raises OSError with a message."""
+    req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=HTTP_TIMEOUT) as resp:
+            body = resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        raise OSError(f"{method} {url}: HTTP {exc.code} {exc.read()[:200]!r}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise OSError(f"{method} {url}: {getattr(exc, 'reason', exc)}") from exc
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body
+
+
+def listed(router, url):
+    answer = call(f"{router}/list_workers")
+    if not isinstance(answer, dict) or not isinstance(answer.get("urls"), list):
+        raise OSError(f"GET {router}/list_workers: not a worker list: {str(answer)[:200]}")
+    return url in [u.rstrip("/") for u in answer["urls"]]
+
+
+def healthy(router, url):
+    answer = call(f"{router}/workers")
+    workers = answer.get("workers") if isinstance(answer, dict) else None
+    if not isinstance(workers, list):
+        raise OSError(f"GET {router}/workers: not a worker list: {str(answer)[:200]}")
+    return any(isinstance(w, dict) and str(w.get("url", "")).rstrip("/") == url and w.get("is_healthy") is True
+               for w in workers)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            routers=dict(type="list", elements="str", required=True),
+            url=dict(type="str", required=True),
+            state=dict(type="str", default="absent", choices=["absent", "present"]),
+            healthy=dict(type="bool", default=True),
+            timeout=dict(type="int", default=60),
+        ),
+        supports_check_mode=True,
+    )
+    routers = [r.rstrip("/") for r in module.params["routers"]]
+    url = module.params["url"].rstrip("/")
+    results = []
+    changed = False
+    try:
+        for router in routers:
+            before = listed(router, url)
+            entry = dict(router=router, listed_before=before, listed_after=before)
+            results.append(entry)
+            if module.params["state"] == "absent":
+                if before and not module.check_mode:
+                    call(f"{router}/remove_worker?url={urllib.parse.quote(url, safe='')}", method="POST")
+                    entry["listed_after"] = listed(router, url)
+                    if entry["listed_after"]:
+                        module.fail_json(msg=f"{router} still lists {url} after POST /remove_worker", routers=results)
+                changed = changed or before
+            elif not before:
+                module.fail_json(
+                    msg=(f"{router} does not list {url}: it was taken out and not put back; restart that router "
+                         "process (the role's restart.yml) so it reads its command line again"), routers=results)
+        if module.params["state"] == "present" and module.params["healthy"]:
+            deadline = time.monotonic() + module.params["timeout"]
+            for entry in results:
+                while not healthy(entry["router"], url):
+                    if time.monotonic() > deadline:
+                        module.fail_json(msg=f"{entry['router']} lists {url} but does not count it healthy after "
+                                             f"{module.params['timeout']} s", routers=results)
+                    time.sleep(1)
+                entry["healthy"] = True
+    except OSError as exc:
+        module.fail_json(msg=str(exc), routers=results)
+    module.exit_json(changed=changed, routers=results)
+
+
+if __name__ == "__main__":
+    main()
