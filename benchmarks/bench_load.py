@@ -119,7 +119,9 @@ class BenchLoad:
             next_at += self.window - self.overlap
 
     def start(self, settle: float = 30.0) -> float:
-        """Start the load; return (after `settle` seconds, once the first run sends) its CLOCK_MONOTONIC start."""
+        """Start the load and return, `settle` seconds later (the first run sends by then: starting a run
+        takes 10-20 s on 2 busy cores), the CLOCK_MONOTONIC time from which requests flow steadily: an
+        operation measured against the load starts there."""
         self._podman("mkdir", "-p", RESULT_DIR)
         if self.ca_file:
             subprocess.run(["podman", "cp", self.ca_file, f"{self.container}:{CA_IN_CONTAINER}"], check=True)
@@ -128,7 +130,7 @@ class BenchLoad:
         self._thread = threading.Thread(target=self._chain, daemon=True)
         self._thread.start()
         time.sleep(settle)
-        return self.started_at
+        return time.perf_counter()
 
     def stop(self, timeout: float = 900) -> LoadResult:
         """Start no further run, wait for the running ones and read every run's result."""

@@ -40,14 +40,15 @@ main() {
     test -f "$out/installed/ansible_collections/inferops/vllm/roles/vllm_instance/files/inferops_vllm_launch.py"
     test ! -e "$out/installed/ansible_collections/inferops/vllm/molecule"
     rm -rf "$out"
-    for module in vllm_health vllm_instance_wait nvidia_gpu_facts nixl_progress_delay; do
-      ansible-doc -t module "inferops.vllm.$module" >/dev/null
+    # Every module, filter (each documented by its .yml) and role there is: none can be forgotten.
+    for module in plugins/modules/*.py; do
+      ansible-doc -t module "inferops.vllm.$(basename "$module" .py)" >/dev/null
     done
-    for filter in pd_instances pd_preflight pd_preflight_warnings kv_sizing gpu_assign nft_elements url_host valid_api_key launcher_problems; do
-      ansible-doc -t filter "inferops.vllm.$filter" >/dev/null
+    for filter in plugins/filter/*.yml; do
+      ansible-doc -t filter "inferops.vllm.$(basename "$filter" .yml)" >/dev/null
     done
-    for role in python_venv vllm_install vllm_instance vllm_firewall vllm_router vllm_verify nvidia_driver; do
-      ansible-doc -t role "inferops.vllm.$role" >/dev/null
+    for role in roles/*/; do
+      ansible-doc -t role "inferops.vllm.$(basename "$role")" >/dev/null
     done
     for inv in sandbox example; do
       ansible-inventory -i "inventories/$inv" --list >/dev/null

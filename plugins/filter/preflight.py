@@ -819,8 +819,12 @@ def _check_ports(rep: _Report, inv: _Inventory) -> None:
     for host, pub in inv.router_pub.items():
         # vllm-router runs vllm_router_replicas processes: replica i on vllm_router_port + i and
         # vllm_router_metrics_port + i.
-        replicas = _to_int(pub.get("replicas"))
-        replicas = replicas if replicas is not None and 1 <= replicas <= 8 else 1
+        replicas = _to_int(pub.get("replicas", ROUTER_DEFAULTS["replicas"]))
+        if replicas is None or not 1 <= replicas <= 8:
+            rep.add("ports", host, "vllm_router_replicas",
+                    f"is {_show(pub.get('replicas'))}, not a number of router processes from 1 to 8.",
+                    "set 2 (router restarts without failed requests) or 1.")
+            replicas = 1
         for key, var in ROUTER_VARS.items():
             value = pub.get(key)
             value = ROUTER_DEFAULTS[key] if value is None else value
@@ -836,13 +840,21 @@ def _check_ports(rep: _Report, inv: _Inventory) -> None:
             if port is None or not 0 < port < 65536:
                 variable = key if key.startswith("vllm_router") else (
                     f"vllm_instance_instances[{label.split()[0]}].{key}")
-                rep.add("ports", host, variable, f"is {_show(value)}, not a port (1-65535).", "set a port number.")
+                # A replica's port (vllm_router_port + N) is named as such, not as the variable itself.
+                what = f"{label[len(key):].strip()} is" if label.startswith(key + " ") else "is"
+                rep.add("ports", host, variable, f"{what} {_show(value)}, not a port (1-65535).",
+                        "set a port number (replica N uses the variable + N).")
                 continue
             seen.setdefault(port, []).append((label, key))
+        # Two router variables equal at their base collide at every replica too: said once.
+        base_clashes = [frozenset(key for label, key in users) for users in seen.values()
+                        if len(users) > 1 and not any("(router replica" in label for label, unused_key in users)]
         for port, users in sorted(seen.items()):
             if len(users) < 2:
                 continue
             keys = {key for unused_label, key in users}
+            if all("(router replica" in label for label, unused_key in users) and frozenset(keys) in base_clashes:
+                continue
             if keys <= {"vllm_router_port", "vllm_router_metrics_port", "vllm_router_front_port"}:
                 variable = ", ".join(sorted(keys))
                 fix = (f"give vllm_router_port (default {ROUTER_DEFAULTS['port']}), vllm_router_metrics_port "

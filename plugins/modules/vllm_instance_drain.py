@@ -76,6 +76,7 @@ msg:
   type: str
 """
 
+import http.client  # noqa: E402
 import re  # noqa: E402
 import time  # noqa: E402
 import urllib.error  # noqa: E402
@@ -83,15 +84,14 @@ import urllib.request  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-GAUGES = re.compile(r"^vllm:num_requests_(running|waiting)(\{[^}]*\})?\s+(\S+)", re.MULTILINE)
-
 
 def busy(url):
     """Running plus waiting requests, summed over engines, from a /metrics page."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=5) as resp:
         text = resp.read().decode("utf-8", "replace")
-    values = GAUGES.findall(text)
+    gauges = re.compile(r"^vllm:num_requests_(running|waiting)(\{[^}]*\})?\s+(\S+)", re.MULTILINE)
+    values = gauges.findall(text)
     if not values:
         raise ValueError(f"{url} has no vllm:num_requests_running: is it a vLLM instance?")
     return int(sum(float(v) for unused_kind, unused_labels, v in values))
@@ -116,7 +116,7 @@ def main():
     while True:
         try:
             running = busy(url)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
             module.fail_json(msg=f"cannot read {url}: {getattr(exc, 'reason', exc)}", drained=False,
                              seconds=round(time.monotonic() - started, 1), running=-1)
         quiet = quiet + 1 if running == 0 else 0

@@ -78,6 +78,7 @@ routers:
   sample: [{"router": "http://127.0.0.1:8300", "listed_before": true, "listed_after": false}]
 """
 
+import http.client  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 import urllib.error  # noqa: E402
@@ -86,20 +87,18 @@ import urllib.request  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-HTTP_TIMEOUT = 10
 
-
-def call(url, method="GET"):
+def call(url, method="GET", timeout=10):
     """JSON (or text) answer of one request to a router; raises OSError with a message."""
     req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(req, timeout=HTTP_TIMEOUT) as resp:
+        with opener.open(req, timeout=timeout) as resp:
             body = resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         raise OSError(f"{method} {url}: HTTP {exc.code} {exc.read()[:200]!r}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise OSError(f"{method} {url}: {getattr(exc, 'reason', exc)}") from exc
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        raise OSError(f"{method} {url}: {getattr(exc, 'reason', None) or exc!r}") from exc
     try:
         return json.loads(body)
     except ValueError:

@@ -60,9 +60,13 @@ def inventory(tmp_path_factory):
     src = os.path.join(EPHEMERAL, "inventory")
     dst = tmp_path_factory.mktemp("inventory") / "inventory"
     shutil.copytree(src, dst, symlinks=False)
+    # The decode group's instances (group_vars/decode.yml, unless the host sets its own) plus decode-1.
     host_vars = dst / "host_vars" / f"{DECODE}.yml"
-    data = yaml.safe_load(host_vars.read_text())
-    data["vllm_instance_instances"] = data["vllm_instance_instances"] + [DECODE_1]
+    data = yaml.safe_load(host_vars.read_text()) or {}
+    instances = data.get("vllm_instance_instances") or \
+        yaml.safe_load((dst / "group_vars" / "decode.yml").read_text())["vllm_instance_instances"]
+    assert DECODE_1["name"] not in [i["name"] for i in instances]
+    data["vllm_instance_instances"] = instances + [DECODE_1]
     host_vars.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(dst)
 
@@ -139,6 +143,20 @@ def test_the_decode_pool_rolls_under_load_with_no_failed_request(inventory, load
     assert unit_start(prefill_host, "vllm@prefill-0") == prefill_before
     # Each was proven with a request handed over directly before it went back.
     assert output.count("Prove that decode-") == 2
+
+
+def test_a_rollout_stops_at_the_first_instance_that_fails_and_says_why(inventory, decode_host):
+    """The routers unreachable (a wrong port): the first instance's first step fails, the rollout stops there
+    with the instance, the step and the reason, and no instance was restarted."""
+    before = {name: unit_start(decode_host, f"vllm@{name}") for name in ("decode-0", "decode-1")}
+    run = playbook(inventory, "rolling_restart.yml", "-e", '{"vllm_rollout_instances": ["decode-0", "decode-1"]}',
+                   "-e", "vllm_router_port=9")
+    output = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "The rolling restart stopped at decode-0" in output, output[-3000:]
+    assert "Take the instance out of the routers' rotation" in output and "127.0.0.1:9" in output
+    assert "decode-1 rolled" not in output and "decode-0 rolled" not in output
+    assert {name: unit_start(decode_host, f"vllm@{name}") for name in before} == before
 
 
 def test_a_pool_of_one_instance_is_refused_without_allow_downtime(inventory, prefill_host):
