@@ -87,7 +87,10 @@ def load_factory(prefill_host, front_url):
     tokenizer = config["model"]["name"]
 
     def make() -> BenchLoad:
-        return BenchLoad(PREFILL, front_url, MODEL, tokenizer, secret("client_api_key"), ca_file=front_ca())
+        # Shorter runs than the benchmark's: after an operation the test waits for the runs still
+        # sending, up to one window.
+        return BenchLoad(PREFILL, front_url, MODEL, tokenizer, secret("client_api_key"), ca_file=front_ca(),
+                         window=70, overlap=30)
     return make
 
 
@@ -143,6 +146,38 @@ def test_the_decode_pool_rolls_under_load_with_no_failed_request(inventory, load
     assert unit_start(prefill_host, "vllm@prefill-0") == prefill_before
     # Each was proven with a request handed over directly before it went back.
     assert output.count("Prove that decode-") == 2
+
+
+def test_a_changed_setting_rolls_through_deploy_pd_under_load(inventory, load_factory, prefill_host, decode_host):
+    """Re-running deploy_pd.yml with a setting changed for decode-1 only: decode-1 is marked while it runs and
+    rolled at the end of the run (out of the routers, drained, restarted, proven, put back), nothing else
+    restarts, no request fails, and no mark is left."""
+    host_vars = os.path.join(inventory, "host_vars", f"{DECODE}.yml")
+    with open(host_vars) as f:
+        data = yaml.safe_load(f)
+    for inst in data["vllm_instance_instances"]:
+        if inst["name"] == "decode-1":
+            inst["overrides"] = {"shutdown_timeout": 45}
+    with open(host_vars, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    before = {name: unit_start(decode_host, f"vllm@{name}") for name in ("decode-0", "decode-1")}
+    prefill_before = unit_start(prefill_host, "vllm@prefill-0")
+    load = load_factory()
+    start = load.start()
+    run = playbook(inventory, "deploy_pd.yml")
+    end = time.perf_counter()
+    result = load.stop()
+    print(f"deploy_pd.yml with decode-1's shutdown_timeout changed: {summary(result, start, end)}")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert result.failed == 0, result.errors()[:5]
+    assert result.largest_gap(start, end) < 10, "the load did not cover the whole run"
+    assert "decode-1 rolled" in output and "decode-0 rolled" not in output, output[-3000:]
+    assert unit_start(decode_host, "vllm@decode-1") != before["decode-1"]
+    assert unit_start(decode_host, "vllm@decode-0") == before["decode-0"]
+    assert unit_start(prefill_host, "vllm@prefill-0") == prefill_before
+    assert "shutdown_timeout = 45" in decode_host.file("/etc/vllm/decode-1.toml").content_string
+    assert decode_host.run("ls /var/lib/inferops-vllm/restart-pending").stdout.strip() == ""
 
 
 def test_a_rollout_stops_at_the_first_instance_that_fails_and_says_why(inventory, decode_host):

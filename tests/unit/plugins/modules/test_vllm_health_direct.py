@@ -124,7 +124,8 @@ class Pair:
     """Prefill and decode instances (``decodes`` of them, the first one listed first) without a router."""
 
     def __init__(self, key=INSTANCE_KEY, answer="params", prefills=1, decodes=1):
-        self.prefills = [PdVllm("prefill_metrics.txt", "prefill", key=key, answer=answer) for unused_index in range(prefills)]
+        self.prefills = [PdVllm("prefill_metrics.txt", "prefill", key=key, answer=answer)
+                         for unused_index in range(prefills)]
         self.decodes = [PdVllm("decode_metrics.txt", "decode", key=key) for unused_index in range(decodes)]
         for d in self.decodes:
             d.peer = self.prefills[0]
