@@ -34,6 +34,10 @@ pytestmark = pytest.mark.skipif(not (PROJECT and EPHEMERAL), reason="runs inside
 
 MODEL = "smollm2-135m-instruct"
 DECODE_1 = {"name": "decode-1", "port": 8201, "kv_transfer_port": 5701, "cpus": "1"}
+# The load covers an operation when no stretch of it went without a request sent for this long: a chain
+# of bench runs that broke leaves holes of 30 s and more; at 0.5 req/s on 2 cores busy starting a vLLM
+# the client itself was measured sending nothing for 11.5 s.
+MAX_GAP = 20
 HEALTH_8200 = "python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8200/health', timeout=5)\""
 
 
@@ -113,7 +117,7 @@ def test_a_decode_instance_is_added_under_load_without_restarting_the_others(
     print(f"scale-out: {summary(result, start, end)}")
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     assert result.failed == 0, result.errors()[:5]
-    assert result.largest_gap(start, end) < 10, "the load did not cover the whole run"
+    assert result.largest_gap(start, end) < MAX_GAP, "the load did not cover the whole run"
     # The instances that ran were not restarted: their files did not change.
     assert unit_start(prefill_host, "vllm@prefill-0") == before[("prefill", "prefill-0")]
     assert unit_start(decode_host, "vllm@decode-0") == before[("decode", "decode-0")]
@@ -139,13 +143,13 @@ def test_the_decode_pool_rolls_under_load_with_no_failed_request(inventory, load
     # The bench JSON: no failed request, and requests all along the roll.
     assert result.failed == 0, result.errors()[:5]
     assert result.completed > 0
-    assert result.largest_gap(start, end) < 10, "the load did not cover the whole roll"
+    assert result.largest_gap(start, end) < MAX_GAP, "the load did not cover the whole roll"
     for name, was in before.items():
         assert unit_start(decode_host, f"vllm@{name}") != was, f"{name} was not restarted"
         assert f"{name} rolled" in output, output[-3000:]
     assert unit_start(prefill_host, "vllm@prefill-0") == prefill_before
     # Each was proven with a request handed over directly before it went back.
-    assert output.count("Prove that decode-") == 2
+    assert output.count("Prove that the instance hands KV over") == 2, output[-3000:]
 
 
 def test_a_changed_setting_rolls_through_deploy_pd_under_load(inventory, load_factory, prefill_host, decode_host):
@@ -171,7 +175,7 @@ def test_a_changed_setting_rolls_through_deploy_pd_under_load(inventory, load_fa
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     assert result.failed == 0, result.errors()[:5]
-    assert result.largest_gap(start, end) < 10, "the load did not cover the whole run"
+    assert result.largest_gap(start, end) < MAX_GAP, "the load did not cover the whole run"
     assert "decode-1 rolled" in output and "decode-0 rolled" not in output, output[-3000:]
     assert unit_start(decode_host, "vllm@decode-1") != before["decode-1"]
     assert unit_start(decode_host, "vllm@decode-0") == before["decode-0"]
