@@ -16,6 +16,11 @@ description:
   - V(absent) removes O(url) from every router with C(POST /remove_worker?url=), then reads C(GET /list_workers)
     to confirm that it is gone. New requests then go to the other instances of its pool, while the requests it is
     running finish.
+  - With O(keep) instead of O(url), V(absent) takes out of every router each worker that is not in O(keep) (the
+    instances leaving the deployment - a host or an instance removed from the inventory), and refuses, before any
+    change, when that would leave a running router without a prefill or without a decode worker, unless
+    O(allow_empty_pool). Routers that do not answer (not started yet, on a new router host) are skipped and listed in
+    RV(routers_down).
   - V(present) only checks that every router lists O(url) (and, with O(healthy), that it counts it healthy), because
     vllm-router 0.1.17 in PD mode cannot add a worker at run time (C(/add_worker) answers 400), so a removed instance
     comes back when each router process restarts with its command line (the role restarts them one at a time).
@@ -40,8 +45,20 @@ options:
   url:
     description:
       - The instance as the routers know it (the URL on their command line), for example V(http://10.0.0.5:8200).
+      - Exactly one of O(url) and O(keep) is required.
     type: str
-    required: true
+  keep:
+    description:
+      - With O(state=absent), the URLs of every instance the deployment keeps; the routers' other workers are taken out.
+      - Exactly one of O(url) and O(keep) is required.
+    type: list
+    elements: str
+  allow_empty_pool:
+    description:
+      - With O(keep), take workers out even when a running router is left without a prefill or a decode worker
+        (every request fails until it restarts with new ones).
+    type: bool
+    default: false
   state:
     description:
       - V(absent) takes the instance out of every router; V(present) checks that every router has it.
@@ -67,15 +84,33 @@ EXAMPLES = r"""
     routers: [http://127.0.0.1:8300, http://127.0.0.1:8301]
     url: http://10.0.0.5:8200
     state: absent
+
+- name: Take the instances that left the inventory out of both router replicas
+  inferops.vllm.vllm_router_workers:
+    routers: [http://127.0.0.1:8300, http://127.0.0.1:8301]
+    keep: [http://10.0.0.4:8100, http://10.0.0.5:8200]
+    state: absent
 """
 
 RETURN = r"""
 routers:
-  description: Per router, whether it listed the instance before and after.
+  description: Per router, whether it listed the instance before and after (with O(url)).
   returned: always
   type: list
   elements: dict
   sample: [{"router": "http://127.0.0.1:8300", "listed_before": true, "listed_after": false}]
+removed:
+  description: With O(keep), the workers taken out (or, in check mode, that would be), with their role.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"url": "http://10.0.0.6:8201", "worker_type": "decode", "routers": ["http://127.0.0.1:8300"]}]
+routers_down:
+  description: With O(keep), the routers that did not answer (skipped).
+  returned: always
+  type: list
+  elements: str
+  sample: []
 """
 
 import http.client  # noqa: E402
@@ -112,27 +147,84 @@ def listed(router, url):
     return url in [u.rstrip("/") for u in answer["urls"]]
 
 
-def healthy(router, url):
+def workers(router):
     answer = call(f"{router}/workers")
-    workers = answer.get("workers") if isinstance(answer, dict) else None
-    if not isinstance(workers, list):
+    found = answer.get("workers") if isinstance(answer, dict) else None
+    if not isinstance(found, list):
         raise OSError(f"GET {router}/workers: not a worker list: {str(answer)[:200]}")
-    return any(isinstance(w, dict) and str(w.get("url", "")).rstrip("/") == url and w.get("is_healthy") is True
-               for w in workers)
+    return [w for w in found if isinstance(w, dict)]
+
+
+def healthy(router, url):
+    return any(str(w.get("url", "")).rstrip("/") == url and w.get("is_healthy") is True for w in workers(router))
+
+
+def remove(router, url):
+    call(f"{router}/remove_worker?url={urllib.parse.quote(url, safe='')}", method="POST")
+    if listed(router, url):
+        raise OSError(f"{router} still lists {url} after POST /remove_worker")
+
+
+def retire(module, routers):
+    """Take every worker not in `keep` out of every answering router."""
+    keep = {u.rstrip("/") for u in module.params["keep"]}
+    known, down = {}, []
+    for router in routers:
+        try:
+            known[router] = workers(router)
+        except OSError as exc:
+            if "HTTP" in str(exc):
+                raise
+            down.append(router)
+    leaving = {}
+    for router, found in known.items():
+        for w in found:
+            url = str(w.get("url", "")).rstrip("/")
+            if url and url not in keep:
+                entry = leaving.setdefault(url, dict(url=url, worker_type=w.get("worker_type"), routers=[]))
+                entry["routers"].append(router)
+        left = [w for w in found if str(w.get("url", "")).rstrip("/") in keep]
+        roles_before = {w.get("worker_type") for w in found}
+        roles_after = {w.get("worker_type") for w in left}
+        empty = [role for role in ("prefill", "decode") if role in roles_before and role not in roles_after]
+        if empty and not module.params["allow_empty_pool"]:
+            module.fail_json(
+                msg=(f"{router} would have no {' and no '.join(empty)} worker left once "
+                     f"{', '.join(sorted(leaving))} leave (they are not in the inventory any more): every request "
+                     "would fail until the routers restart with the new instances. Nothing was changed. Deploy the "
+                     "replacement first (keep the old instances in the inventory for that run), then remove them; "
+                     "or accept the interruption with -e vllm_rollout_allow_downtime=true."),
+                removed=sorted(leaving.values(), key=lambda e: e["url"]), routers_down=down, routers=[])
+    if not module.check_mode:
+        for entry in leaving.values():
+            for router in entry["routers"]:
+                remove(router, entry["url"])
+    return sorted(leaving.values(), key=lambda e: e["url"]), down
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             routers=dict(type="list", elements="str", required=True),
-            url=dict(type="str", required=True),
+            url=dict(type="str"),
+            keep=dict(type="list", elements="str", no_log=False),
+            allow_empty_pool=dict(type="bool", default=False),
             state=dict(type="str", default="absent", choices=["absent", "present"]),
             healthy=dict(type="bool", default=True),
             timeout=dict(type="int", default=60),
         ),
+        mutually_exclusive=[("url", "keep")],
+        required_one_of=[("url", "keep")],
+        required_if=[("state", "present", ("url",))],
         supports_check_mode=True,
     )
     routers = [r.rstrip("/") for r in module.params["routers"]]
+    if module.params["keep"] is not None:
+        try:
+            removed, down = retire(module, routers)
+        except OSError as exc:
+            module.fail_json(msg=str(exc), removed=[], routers_down=[], routers=[])
+        module.exit_json(changed=bool(removed), removed=removed, routers_down=down, routers=[])
     url = module.params["url"].rstrip("/")
     results = []
     changed = False
@@ -143,10 +235,8 @@ def main():
             results.append(entry)
             if module.params["state"] == "absent":
                 if before and not module.check_mode:
-                    call(f"{router}/remove_worker?url={urllib.parse.quote(url, safe='')}", method="POST")
-                    entry["listed_after"] = listed(router, url)
-                    if entry["listed_after"]:
-                        module.fail_json(msg=f"{router} still lists {url} after POST /remove_worker", routers=results)
+                    remove(router, url)
+                    entry["listed_after"] = False
                 changed = changed or before
             elif not before:
                 module.fail_json(
@@ -163,7 +253,7 @@ def main():
                 entry["healthy"] = True
     except OSError as exc:
         module.fail_json(msg=str(exc), routers=results)
-    module.exit_json(changed=changed, routers=results)
+    module.exit_json(changed=changed, routers=results, removed=[], routers_down=[])
 
 
 if __name__ == "__main__":

@@ -356,6 +356,75 @@ def test_a_worker_listed_as_unhealthy_under_another_url_does_not_count(routers, 
     assert "does not count it healthy after 0 s" in result["msg"]
 
 
+# --------------------------------------------------------------------------- keep (instances leaving)
+
+
+def test_keep_takes_out_every_worker_not_kept_from_every_router(routers):
+    first = routers({PREFILL: "prefill", DECODE: "decode", OTHER_DECODE: "decode"})
+    second = routers({PREFILL: "prefill", DECODE: "decode", OTHER_DECODE: "decode"})
+    result = run({"routers": [first.url, second.url], "keep": [PREFILL, DECODE + "/"]})
+
+    assert result["changed"] is True
+    assert result["removed"] == [{"url": OTHER_DECODE, "worker_type": "decode", "routers": [first.url, second.url]}]
+    assert result["routers_down"] == []
+    for router in (first, second):
+        assert router.calls("POST", "/remove_worker") == [{"url": [OTHER_DECODE]}]
+        assert list(router.workers) == [PREFILL, DECODE]
+
+
+def test_keep_with_nothing_leaving_changes_nothing(routers):
+    router = routers()
+    result = run({"routers": [router.url], "keep": [PREFILL, DECODE, OTHER_DECODE]})
+    assert result["changed"] is False and result["removed"] == []
+    assert router.calls("POST", "/remove_worker") == []
+
+
+def test_keep_skips_routers_that_do_not_run_yet(routers):
+    up = routers({PREFILL: "prefill", DECODE: "decode", OTHER_DECODE: "decode"})
+    down = f"http://127.0.0.1:{closed_port()}"
+    result = run({"routers": [down, up.url], "keep": [PREFILL, DECODE]})
+    assert result["routers_down"] == [down]
+    assert [e["url"] for e in result["removed"]] == [OTHER_DECODE]
+    assert OTHER_DECODE not in up.workers
+
+
+def test_keep_in_check_mode_reports_what_would_leave(routers):
+    router = routers({PREFILL: "prefill", DECODE: "decode", OTHER_DECODE: "decode"})
+    result = run({"routers": [router.url], "keep": [PREFILL, DECODE]}, check_mode=True)
+    assert result["changed"] is True and [e["url"] for e in result["removed"]] == [OTHER_DECODE]
+    assert router.calls("POST", "/remove_worker") == [] and OTHER_DECODE in router.workers
+
+
+@pytest.mark.parametrize("keep, empty", [([PREFILL], "decode"), ([DECODE], "prefill"), ([], "prefill and no decode")])
+def test_keep_refuses_to_empty_a_pool_before_any_change(routers, keep, empty):
+    first, second = routers(), routers()
+    result = run({"routers": [first.url, second.url], "keep": keep}, expect="fail")
+    assert result["msg"].startswith(f"{first.url} would have no {empty} worker left")
+    assert "Nothing was changed" in result["msg"] and "vllm_rollout_allow_downtime=true" in result["msg"]
+    assert first.calls("POST", "/remove_worker") == [] and second.calls("POST", "/remove_worker") == []
+
+
+def test_keep_empties_a_pool_when_allowed(routers):
+    router = routers()
+    result = run({"routers": [router.url], "keep": [PREFILL], "allow_empty_pool": True})
+    assert [e["url"] for e in result["removed"]] == [DECODE]
+    assert list(router.workers) == [PREFILL]
+
+
+def test_keep_fails_on_a_router_that_answers_an_error(routers):
+    router = routers()
+    router.handle = lambda method, path: (500, "text/plain", "internal error")
+    result = run({"routers": [router.url], "keep": [PREFILL]}, expect="fail")
+    assert result["msg"].startswith(f"GET {router.url}/workers: HTTP 500")
+
+
+def test_url_and_keep_are_exclusive_and_one_is_required(routers):
+    router = routers()
+    assert "mutually exclusive" in run({"routers": [router.url], "url": DECODE, "keep": []}, expect="fail")["msg"]
+    assert "one of the following" in run({"routers": [router.url]}, expect="fail")["msg"]
+    assert "state is present" in run({"routers": [router.url], "keep": [], "state": "present"}, expect="fail")["msg"]
+
+
 # --------------------------------------------------------------------------- documentation
 
 
@@ -380,4 +449,4 @@ def test_documentation_matches_argument_spec(monkeypatch):
     for task in yaml.safe_load(vllm_router_workers.EXAMPLES):
         args = task.get("inferops.vllm.vllm_router_workers")
         assert set(args) <= set(captured["argument_spec"])
-    assert set(yaml.safe_load(vllm_router_workers.RETURN)) == {"routers"}
+    assert set(yaml.safe_load(vllm_router_workers.RETURN)) == {"routers", "removed", "routers_down"}
