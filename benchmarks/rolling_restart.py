@@ -17,7 +17,8 @@ vLLM venv; benchmarks/bench_load.py) through the front all along:
   3. roll: playbooks/rolling_restart.yml restarts decode-0 then decode-1: failed requests, TTFT
      p50/p99 of the requests sent during the roll, the roll's wall time and each instance's time
      from the rollout role's own messages ("decode-0 rolled in N s");
-  4. unless --keep: deploy_pd.yml with the plain sandbox inventory again (decode-1 stopped, the
+  4. unless --keep: scale-in under load, deploy_pd.yml with the plain sandbox inventory again (decode-1 taken
+     out of the routers and drained, then stopped, the
      routers restart one replica at a time).
 
 It asserts nothing (exit status 1 only when a step failed to run); the figures and their targets
@@ -146,8 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"targets: failed requests {TARGETS['failed']}; {TARGETS['ttft']}")
 
     if not args.keep:
+        bench = load()
+        start = bench.start()
         seconds, rc2, output2 = playbook("deploy_pd.yml", log=logs / "scale-in.log")
-        print(f"scale-in (decode-1 removed again): {seconds:.0f} s, exit {rc2}")
+        end = time.perf_counter()
+        result = bench.stop()
+        failed = len([r for r in result.between(start, end) if r[2]])
+        print(f"scale-in (deploy_pd.yml without decode-1: out of the routers, drained, stopped): {seconds:.0f} s, "
+              f"exit {rc2}; {summary(result, start, end)}")
+        figures["scale_in"] = {"seconds": round(seconds, 1), "exit": rc2, "failed": failed}
         if rc2 != 0:
             print(output2[-3000:])
     if args.json:
