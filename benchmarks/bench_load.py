@@ -84,6 +84,7 @@ class BenchLoad:
         self.names: list[str] = []
         self.started_at: float | None = None
         self._stop = threading.Event()
+        self.stopped = False
         self._thread: threading.Thread | None = None
 
     def _podman(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -134,6 +135,7 @@ class BenchLoad:
 
     def stop(self, timeout: float = 900) -> LoadResult:
         """Start no further run, wait for the running ones and read every run's result."""
+        self.stopped = True
         self._stop.set()
         if self._thread:
             self._thread.join()

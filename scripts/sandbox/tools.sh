@@ -11,6 +11,10 @@ ANSIBLE_BUNDLE_VERSION="12.3.0"
 BUNDLED_COLLECTIONS=(containers/podman community/general ansible/posix community/crypto)
 
 venv="$(tools_venv_dir)"
+# One build at a time: several callers (parallel test runs, a sandbox) may start together.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$(dirname "$venv")/.tools.lock"
+flock 9
 if [ ! -x "$venv/bin/ansible-playbook" ]; then
   log "creating the tools venv $venv"
   rm -rf "$venv.tmp"
