@@ -131,6 +131,8 @@ def inventory(peers: bool) -> dict[str, Any]:
         "all": {"vars": {
             "vllm_install_variant": "cpu",
             "vllm_instance_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+            # A hub model needs a commit (the role refuses a branch); a well-formed stand-in.
+            "vllm_instance_model_revision": "0123456789abcdef0123456789abcdef01234567",
             "vllm_instance_kv_cache_memory_bytes": 1073741824,
             "vllm_instance_kv_buffer_device": "cpu",
             "vllm_instance_max_model_len": 512,

@@ -248,6 +248,8 @@ ROLE_PREFLIGHT = """\
   gather_subset: [network]
   vars:
     vllm_instance_model: HuggingFaceTB/SmolLM2-135M-Instruct
+    # A hub model needs a commit (the role refuses a branch); this one is only a well-formed stand-in.
+    vllm_instance_model_revision: 0123456789abcdef0123456789abcdef01234567
     vllm_instance_host_address: 127.0.0.1
     vllm_instance_api_key: "{{ lookup('ansible.builtin.env', 'TEST_INSTANCE_KEY') }}"
     vllm_instance_extra_args: "{{ lookup('ansible.builtin.env', 'TEST_EXTRA_ARGS') | from_json }}"
