@@ -1,0 +1,89 @@
+"""roles/vllm_monitoring on the router host (the `monitoring` group): the real Prometheus of the distribution
+scrapes the real deployment, and after traffic every query of the dashboard and every metric an alert rule reads
+returns at least one series; every target is up; the alert rules are loaded.
+
+Prometheus listens on the router host's loopback: its HTTP API is read from inside that container."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.parse
+
+import pytest
+from conftest import front_ca, secret
+
+sys.path.insert(0, os.path.join(os.environ.get("MOLECULE_PROJECT_DIRECTORY", ""), "benchmarks"))
+import prom_report  # noqa: E402
+
+PROMETHEUS = "http://127.0.0.1:9090"
+GET = ("import json, sys, urllib.request, urllib.error\n"
+       "try:\n"
+       "    body = urllib.request.urlopen(sys.argv[1], timeout=30).read().decode()\n"
+       "except urllib.error.HTTPError as exc:\n"
+       "    body = exc.read().decode()\n"
+       "print(body)\n")
+
+
+@pytest.fixture(scope="module")
+def prometheus_get(router_host):
+    """prom_report's HTTP GET, done inside the router container (Prometheus is on its loopback)."""
+    def get(url, params, timeout=30):
+        full = url.rstrip("/") + "?" + urllib.parse.urlencode(params)
+        out = router_host.run(f"python3 -c {json.dumps(GET)} {json.dumps(full)}")
+        assert out.rc == 0, f"GET {full} in the router container: {out.stderr[-500:]}"
+        body = json.loads(out.stdout)
+        if body.get("status") != "success":
+            raise RuntimeError(f"{full}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+    return get
+
+
+@pytest.fixture(scope="module")
+def traffic(front_url):
+    """Completions and a chat through the front, so that the latency histograms and NIXL counters have data."""
+    import httpx
+    import openai
+    client = openai.OpenAI(base_url=f"{front_url}/v1", api_key=secret("client_api_key"),
+                           http_client=httpx.Client(verify=front_ca() or True, timeout=120))
+    for i in range(3):
+        client.completions.create(model="smollm2-135m-instruct", prompt=f"Count to {i + 3}:", max_tokens=8)
+    client.chat.completions.create(model="smollm2-135m-instruct", max_tokens=8, stream=False,
+                                   messages=[{"role": "user", "content": "Say hello."}])
+    return time.time()
+
+
+def test_every_target_is_scraped(prometheus_get):
+    deadline = time.monotonic() + 120
+    while True:
+        targets = prometheus_get(f"{PROMETHEUS}/api/v1/targets", {"state": "active"})["activeTargets"]
+        down = [(t["scrapeUrl"], t.get("lastError")) for t in targets if t["health"] != "up"]
+        if targets and not down:
+            break
+        assert time.monotonic() < deadline, f"targets not up after 120 s: {down}"
+        time.sleep(5)
+    jobs = {t["labels"].get("job") for t in targets}
+    roles = {t["labels"].get("role") for t in targets}
+    assert {"prefill", "decode"} <= roles, roles
+    assert len(jobs) >= 4, jobs  # instances, router, nginx, node exporters
+
+
+def test_the_alert_rules_are_loaded(prometheus_get):
+    rules = prometheus_get(f"{PROMETHEUS}/api/v1/rules", {"type": "alert"})
+    names = {r["name"] for g in rules["groups"] for r in g["rules"]}
+    expected = {r["alert"] for r in prom_report.rules_from_text(prom_report.render_rules()) if "alert" in r}
+    assert expected and expected <= names, expected - names
+
+
+def test_every_dashboard_query_and_rule_metric_returns_series(prometheus_get, traffic, monkeypatch):
+    monkeypatch.setattr(prom_report, "_get", prometheus_get)
+    # Scraped after the traffic: wait for it (scrape interval and the rate window), then ask again.
+    deadline = time.monotonic() + 180
+    while True:
+        missing = prom_report.check_queries(PROMETHEUS)
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(10)
+    assert not missing, "\n".join(f"{m['source']}: {m['query']} {m.get('error', '')}" for m in missing)

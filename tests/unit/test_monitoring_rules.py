@@ -1,0 +1,502 @@
+"""roles/vllm_monitoring's alert rules: rendered by the real ansible-playbook (the role's own task, its
+promtool validation included), checked with `promtool check rules`, and run through `promtool test rules`
+with hand-written series that make each alert fire, and others (or earlier times) where it stays quiet.
+
+Two renderings: the role's defaults, and custom objectives, thresholds, `for` durations and alert labels,
+under which some series that are quiet by default fire (and one that fires by default is quiet). promtool
+is Debian 12's (scripts/promtool.sh), the Prometheus the role installs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import yaml
+from monitoring_support import ANSIBLE_PLAYBOOK, ROLE, prom_report, promtool, role_task, run_playbook
+
+pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")
+
+DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text(encoding="utf-8"))
+CUSTOM = {
+    "vllm_monitoring_slo_ttft_p99_seconds": 0.5,
+    "vllm_monitoring_slo_itl_p99_seconds": 0.04,
+    "vllm_monitoring_slo_for": "2m",
+    "vllm_monitoring_instance_down_for": "3m",
+    "vllm_monitoring_no_healthy_worker_for": "2m",
+    "vllm_monitoring_kv_cache_usage_threshold": 0.8,
+    "vllm_monitoring_kv_cache_usage_for": "2m",
+    "vllm_monitoring_fallback_ratio": 0.3,
+    "vllm_monitoring_alert_labels": {"team": "inference"},
+}
+RENDERINGS = {"defaults": {}, "custom": CUSTOM}
+
+
+def _render(tmp, name: str, overrides: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    task = role_task(
+        "configure.yml", "Write the alert rules", dest=str(tmp / f"{name}.rules.yml"), owner=None, group=None
+    )
+    plays = [
+        {
+            "name": "Render the monitoring role's alert rules",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {"name": "The role's defaults", "ansible.builtin.include_vars": str(ROLE / "defaults" / "main.yml")},
+                task,
+            ],
+        }
+    ]
+    return run_playbook(tmp, f"render-{name}", plays, extra={"_vllm_monitoring_promtool": promtool(), **overrides})
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, str]:
+    tmp = tmp_path_factory.mktemp("monitoring-rules")
+    promtool()  # once, before the parallel runs
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {name: pool.submit(_render, tmp, name, overrides) for name, overrides in RENDERINGS.items()}
+        runs = {name: future.result() for name, future in runs.items()}
+    for name, run in runs.items():
+        assert run.returncode == 0, f"{name}:\n{run.stdout}{run.stderr}"
+    return {name: (tmp / f"{name}.rules.yml").read_text(encoding="utf-8") for name in RENDERINGS}
+
+
+def config(name: str) -> dict[str, Any]:
+    return {**DEFAULTS, **RENDERINGS[name]}
+
+
+def minutes(duration: str) -> int:
+    seconds = prom_report.parse_duration(duration)
+    assert seconds % 60 == 0, f"the series here are a minute apart: {duration}"
+    return int(seconds // 60)
+
+
+# --------------------------------------------------------------------------- the hand-written series
+
+P = {"job": "vllm", "role": "prefill", "host": "p1", "instance_name": "prefill-0", "instance": "10.0.0.11:8100"}
+D = {"job": "vllm", "role": "decode", "host": "d1", "instance_name": "decode-0", "instance": "10.0.0.21:8200"}
+VLLM = {"model_name": "m", "engine": "0"}
+R0 = {
+    "job": "vllm-router",
+    "role": "router",
+    "host": "r1",
+    "instance_name": "vllm-router@0",
+    "instance": "127.0.0.1:29000",
+}
+R1 = {**R0, "instance_name": "vllm-router@1", "instance": "127.0.0.1:29001"}
+R2 = {**R0, "instance_name": "vllm-router@2", "instance": "127.0.0.1:29002"}
+NODE_D = {"job": "node", "role": "decode", "host": "d1", "instance": "10.0.0.21:9100"}
+NODE_P = {"job": "node", "role": "prefill", "host": "p1", "instance": "10.0.0.11:9100"}
+NGINX = {"job": "nginx", "role": "router", "host": "r1", "instance": "127.0.0.1:9113"}
+GROUPED = ("job", "role", "host", "instance_name")
+
+
+def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+    inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+def worker(router: dict[str, str], pool: str, values: str) -> dict[str, str]:
+    url = "http://10.0.0.11:8100" if pool == "prefill" else "http://10.0.0.21:8200"
+    return series(
+        "vllm_router_worker_health", {**router, "worker": url, "worker_role": pool, "worker_name": f"{pool}-0"}, values
+    )
+
+
+def buckets(name: str, labels: dict[str, str], per_minute: dict[str, int]) -> list[dict[str, str]]:
+    """A histogram whose buckets (cumulative, as given) grow by these counts every minute."""
+    return [series(f"{name}_bucket", {**labels, "le": le}, f"0+{n}x30") for le, n in per_minute.items()]
+
+
+def alert(cfg: dict[str, Any], severity: str, labels: dict[str, str], summary: str, description: str) -> dict[str, Any]:
+    return {
+        "exp_labels": {**labels, "severity": severity, **cfg["vllm_monitoring_alert_labels"]},
+        "exp_annotations": {"summary": summary, "description": description},
+    }
+
+
+def only(labels: dict[str, str], keys=GROUPED) -> dict[str, str]:
+    return {k: labels[k] for k in keys}
+
+
+def promtool_tests(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `tests:` of a promtool test file for rules rendered with ``cfg``."""
+    down = minutes(cfg["vllm_monitoring_instance_down_for"])
+    no_worker = minutes(cfg["vllm_monitoring_no_healthy_worker_for"])
+    nixl_window = minutes(cfg["vllm_monitoring_nixl_window"])
+    kv_for = minutes(cfg["vllm_monitoring_kv_cache_usage_for"])
+    kv_threshold = float(cfg["vllm_monitoring_kv_cache_usage_threshold"])
+    slo_for = minutes(cfg["vllm_monitoring_slo_for"])
+    slo_window = minutes(cfg["vllm_monitoring_slo_window"])
+    ttft, itl = float(cfg["vllm_monitoring_slo_ttft_p99_seconds"]), float(cfg["vllm_monitoring_slo_itl_p99_seconds"])
+    fb_window, fb_for = minutes(cfg["vllm_monitoring_fallback_window"]), minutes(cfg["vllm_monitoring_fallback_for"])
+    ratio = float(cfg["vllm_monitoring_fallback_ratio"])
+
+    def instance_down(labels):
+        return alert(
+            cfg,
+            "critical",
+            labels,
+            f"vLLM {labels['role']} instance {labels['instance_name']} on {labels['host']} is down",
+            f"Prometheus cannot scrape {labels['instance']}/metrics. The router takes the instance out of "
+            "rotation; a pool with no instance left serves nothing.",
+        )
+
+    def router_down(labels):
+        return alert(
+            cfg,
+            "critical",
+            labels,
+            f"vllm-router replica {labels['instance_name']} on {labels['host']} is down",
+            f"Prometheus cannot scrape {labels['instance']}. nginx sends requests to the other replicas, if any.",
+        )
+
+    def exporter_down(labels):
+        return alert(
+            cfg,
+            "warning",
+            labels,
+            f"{labels['job']} exporter on {labels['host']} is down",
+            f"Prometheus cannot scrape {labels['instance']}: the host's (or the front's) metrics are missing.",
+        )
+
+    def no_healthy(labels, pool):
+        return alert(
+            cfg,
+            "critical",
+            labels,
+            f"vllm-router {labels['instance_name']} on {labels['host']} has no healthy {pool} instance",
+            f"The router's health checks count no {pool} instance healthy (vllm_router_worker_health): PD "
+            "requests through it fail with 503.",
+        )
+
+    def nixl_failed(labels, value):
+        return alert(
+            cfg,
+            "critical",
+            {**labels, **VLLM},
+            f"NIXL transfers failed on {labels['role']} instance {labels['instance_name']} ({labels['host']})",
+            f"{value} failed NIXL KV transfers in the last {cfg['vllm_monitoring_nixl_window']}. Decode answers "
+            "them with an error (kv_load_failure_policy fail) or recomputes the prompt itself (recompute).",
+        )
+
+    def kv_expired(labels, value):
+        return alert(
+            cfg,
+            "warning",
+            {**labels, **VLLM},
+            f"KV expired on {labels['role']} instance {labels['instance_name']} ({labels['host']}) before "
+            "decode fetched it",
+            f"{value} requests' KV expired in the last {cfg['vllm_monitoring_nixl_window']}: prefill computed "
+            "them for nothing (a decode that died or never asked; one-token prompts, which vLLM never hands "
+            "over, end this way too).",
+        )
+
+    def kv_full(labels, value):
+        return alert(
+            cfg,
+            "warning",
+            {**labels, **VLLM},
+            f"KV cache of {labels['role']} instance {labels['instance_name']} ({labels['host']}) is {value} full",
+            f"Above {round(kv_threshold * 100, 1)} % for {cfg['vllm_monitoring_kv_cache_usage_for']}: requests "
+            "queue or are preempted. Add instances to the pool, or give them more KV memory (fp8 KV holds "
+            "twice the tokens).",
+        )
+
+    def ttft_over(labels, value):
+        return alert(
+            cfg,
+            "warning",
+            only(labels),
+            f"p99 time to first token of {labels['role']} instance {labels['instance_name']} ({labels['host']}) "
+            f"is {value}",
+            f"Over the objective of {ttft} s (vllm_monitoring_slo_ttft_p99_seconds) for "
+            f"{cfg['vllm_monitoring_slo_for']}, measured by vLLM per instance over "
+            f"{cfg['vllm_monitoring_slo_window']}. A client sees about prefill's plus the KV transfer plus decode's.",
+        )
+
+    def itl_over(labels, value):
+        return alert(
+            cfg,
+            "warning",
+            only(labels),
+            f"p99 inter-token latency of {labels['role']} instance {labels['instance_name']} ({labels['host']}) "
+            f"is {value}",
+            f"Over the objective of {itl} s (vllm_monitoring_slo_itl_p99_seconds) for "
+            f"{cfg['vllm_monitoring_slo_for']}, measured by vLLM per instance over "
+            f"{cfg['vllm_monitoring_slo_window']}.",
+        )
+
+    def fallback(labels, value):
+        return alert(
+            cfg,
+            "critical",
+            only(labels),
+            f"Decode instance {labels['instance_name']} ({labels['host']}) computes prompts itself instead of "
+            "receiving their KV over NIXL",
+            f"It computed {value} prompt tokens/s itself beyond the one per request vLLM recomputes (over "
+            f"{round(ratio * 100, 1)} % of its prompt tokens, for {cfg['vllm_monitoring_fallback_for']}) while "
+            "prefill serves traffic: the KV transfer fails or is bypassed. Look at "
+            "vllm:nixl_num_failed_transfers_total and the decode journal.",
+        )
+
+    groups = []
+
+    # Down: decode-0, router replica 0 and decode's node exporter stop answering at 2m; the others answer.
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("up", D, "1 1 0x20"),
+                series("up", P, "1x22"),
+                series("up", R0, "1 1 0x20"),
+                series("up", R1, "1x22"),
+                series("up", NODE_D, "1 1 0x20"),
+                series("up", NODE_P, "1x22"),
+                series("up", NGINX, "1x22"),
+            ],
+            "alert_rule_test": [
+                *(
+                    {"eval_time": t, "alertname": a, "exp_alerts": []}
+                    for t in ("1m", "2m")
+                    for a in ("VllmInstanceDown", "VllmRouterDown", "InferopsExporterDown")
+                ),
+                {"eval_time": f"{2 + down + 1}m", "alertname": "VllmInstanceDown", "exp_alerts": [instance_down(D)]},
+                {"eval_time": f"{2 + down + 1}m", "alertname": "VllmRouterDown", "exp_alerts": [router_down(R0)]},
+                {
+                    "eval_time": f"{2 + down + 1}m",
+                    "alertname": "InferopsExporterDown",
+                    "exp_alerts": [exporter_down(NODE_D)],
+                },
+            ],
+        }
+    )
+
+    # Router workers: replica 0's decode turns unhealthy at 2m; replica 1 reports no prefill worker at all;
+    # replica 2 is down (its own alert covers it), whatever its workers' last values.
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("up", R0, "1x22"),
+                series("up", R1, "1x22"),
+                series("up", R2, "0x22"),
+                worker(R0, "prefill", "1x22"),
+                worker(R0, "decode", "1 1 0x20"),
+                worker(R1, "decode", "1x22"),
+                worker(R2, "prefill", "0x22"),
+                worker(R2, "decode", "0x22"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "VllmRouterNoHealthyDecode", "exp_alerts": []},
+                {
+                    "eval_time": f"{2 + no_worker + 1}m",
+                    "alertname": "VllmRouterNoHealthyDecode",
+                    "exp_alerts": [no_healthy(R0, "decode")],
+                },
+                {
+                    "eval_time": f"{no_worker + 1}m",
+                    "alertname": "VllmRouterNoHealthyPrefill",
+                    "exp_alerts": [no_healthy(R1, "prefill")],
+                },
+            ],
+        }
+    )
+    # Everything healthy: both quiet.
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("up", R0, "1x22"),
+                worker(R0, "prefill", "1x22"),
+                worker(R0, "decode", "1x22"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "10m", "alertname": a, "exp_alerts": []}
+                for a in ("VllmRouterNoHealthyDecode", "VllmRouterNoHealthyPrefill", "VllmRouterDown")
+            ],
+        }
+    )
+
+    # NIXL: decode counts a failed transfer at 3m, prefill two expired KV; the others stay at 0. Quiet again
+    # once the window no longer holds the increase.
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("vllm:nixl_num_failed_transfers_total", {**D, **VLLM}, "0 0 0 1x20"),
+                series("vllm:nixl_num_failed_transfers_total", {**P, **VLLM}, "0x23"),
+                series("vllm:nixl_num_kv_expired_reqs_total", {**P, **VLLM}, "0 0 0 2x20"),
+                series("vllm:nixl_num_kv_expired_reqs_total", {**D, **VLLM}, "0x23"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "2m", "alertname": "VllmNixlTransferFailures", "exp_alerts": []},
+                {"eval_time": "4m", "alertname": "VllmNixlTransferFailures", "exp_alerts": [nixl_failed(D, "1")]},
+                {"eval_time": f"{3 + nixl_window + 1}m", "alertname": "VllmNixlTransferFailures", "exp_alerts": []},
+                {"eval_time": "2m", "alertname": "VllmNixlKvExpired", "exp_alerts": []},
+                {"eval_time": "4m", "alertname": "VllmNixlKvExpired", "exp_alerts": [kv_expired(P, "2")]},
+                {"eval_time": f"{3 + nixl_window + 1}m", "alertname": "VllmNixlKvExpired", "exp_alerts": []},
+            ],
+        }
+    )
+
+    # KV cache: decode at 95 % from 1m; prefill at 85 % (over a threshold of 0.8, not of 0.9).
+    kv_fire = [kv_full(P, "85%")] if 0.85 > kv_threshold else []
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("vllm:kv_cache_usage_perc", {**D, **VLLM}, "0.5 0.95x22"),
+                series("vllm:kv_cache_usage_perc", {**P, **VLLM}, "0.85x23"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "VllmKvCacheNearlyFull", "exp_alerts": []},
+                {
+                    "eval_time": f"{1 + kv_for + 1}m",
+                    "alertname": "VllmKvCacheNearlyFull",
+                    "exp_alerts": [*kv_fire, kv_full(D, "95%")],
+                },
+            ],
+        }
+    )
+
+    # Latency: prefill's first tokens all beyond the largest finite bucket (p99 = 2.5 s), decode's between
+    # 0.5 and 1 s (p99 0.995 s); decode's inter-token latencies between 0.1 and 0.25 s (p99 0.2485 s),
+    # prefill's under 0.05 s (p99 0.0495 s).
+    ttft_b = "vllm:time_to_first_token_seconds"
+    itl_b = "vllm:inter_token_latency_seconds"
+    t_fire = f"{slo_for + slo_window + 1}m"
+    ttft_alerts = [a for v, a in ((2.5, ttft_over(P, "2.5s")), (0.995, ttft_over(D, "995ms"))) if v > ttft]
+    itl_alerts = [a for v, a in ((0.2485, itl_over(D, "248.5ms")), (0.0495, itl_over(P, "49.5ms"))) if v > itl]
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                *buckets(ttft_b, {**P, **VLLM}, {"0.5": 0, "1": 0, "2.5": 0, "+Inf": 10}),
+                *buckets(ttft_b, {**D, **VLLM}, {"0.5": 0, "1": 10, "2.5": 10, "+Inf": 10}),
+                *buckets(itl_b, {**D, **VLLM}, {"0.05": 0, "0.1": 0, "0.25": 50, "+Inf": 50}),
+                *buckets(itl_b, {**P, **VLLM}, {"0.05": 50, "0.1": 50, "0.25": 50, "+Inf": 50}),
+            ],
+            "alert_rule_test": [
+                {"eval_time": f"{slo_for}m", "alertname": "VllmTtftP99OverSlo", "exp_alerts": []},
+                {"eval_time": t_fire, "alertname": "VllmTtftP99OverSlo", "exp_alerts": ttft_alerts},
+                {"eval_time": f"{slo_for}m", "alertname": "VllmItlP99OverSlo", "exp_alerts": []},
+                {"eval_time": t_fire, "alertname": "VllmItlP99OverSlo", "exp_alerts": itl_alerts},
+            ],
+        }
+    )
+
+    # Silent colocated fallback, tokens per minute. d1 computes every prompt token itself (600/min for 60
+    # requests); d2 hands over properly (one local token per request); d3 computes 180 of 600 itself
+    # (2 tokens/s beyond one per request: over 10 % of its 10 tokens/s, not over 30 %). Prefill computes.
+    d2 = {**D, "host": "d2", "instance": "10.0.0.22:8200"}
+    d3 = {**D, "host": "d3", "instance": "10.0.0.23:8200"}
+
+    def decode(labels, local, external, requests):
+        source = "vllm:prompt_tokens_by_source_total"
+        return [
+            series(source, {**labels, **VLLM, "source": "local_compute"}, f"0+{local}x30"),
+            series(source, {**labels, **VLLM, "source": "local_cache_hit"}, "0x31"),
+            series(source, {**labels, **VLLM, "source": "external_kv_transfer"}, f"0+{external}x30"),
+            series("vllm:request_prompt_tokens_count", {**labels, **VLLM}, f"0+{requests}x30"),
+        ]
+
+    prefill_busy = series("vllm:prompt_tokens_by_source_total", {**P, **VLLM, "source": "local_compute"}, "0+1200x30")
+    prefill_idle = series("vllm:prompt_tokens_by_source_total", {**P, **VLLM, "source": "local_compute"}, "0x31")
+    fb_fire = f"{fb_window + fb_for + 1}m"
+    fb_alerts = [fallback(D, "9")] + ([fallback(d3, "2")] if 2 > ratio * 10 else [])
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                *decode(D, 600, 0, 60),
+                *decode(d2, 60, 540, 60),
+                *decode(d3, 180, 420, 60),
+                prefill_busy,
+            ],
+            "alert_rule_test": [
+                {"eval_time": f"{fb_for}m", "alertname": "VllmSilentColocatedFallback", "exp_alerts": []},
+                {"eval_time": fb_fire, "alertname": "VllmSilentColocatedFallback", "exp_alerts": fb_alerts},
+            ],
+        }
+    )
+    # The same decode, but prefill serves nothing (and so does nothing go through it): quiet.
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [*decode(D, 600, 0, 60), prefill_idle],
+            "alert_rule_test": [
+                {"eval_time": fb_fire, "alertname": "VllmSilentColocatedFallback", "exp_alerts": []},
+            ],
+        }
+    )
+    return groups
+
+
+# --------------------------------------------------------------------------- the tests
+
+
+@pytest.mark.parametrize("name", sorted(RENDERINGS))
+def test_promtool_check_rules(rendered, tmp_path, name):
+    path = tmp_path / "rules.yml"
+    path.write_text(rendered[name], encoding="utf-8")
+    run = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    count = len(prom_report.rules_from_text(rendered[name]))
+    assert f"SUCCESS: {count} rules found" in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("name", sorted(RENDERINGS))
+def test_every_alert_fires_and_stays_quiet(rendered, tmp_path, name):
+    cfg = config(name)
+    (tmp_path / "rules.yml").write_text(rendered[name], encoding="utf-8")
+    groups = promtool_tests(cfg)
+    (tmp_path / "test.yml").write_text(
+        yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": groups}, sort_keys=False),
+        encoding="utf-8",
+    )
+    run = subprocess.run(
+        [promtool(), "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    # Every alert of the file is tested both ways.
+    alerts = {r["alert"] for r in prom_report.rules_from_text(rendered[name])}
+    tests = [t for g in groups for t in g["alert_rule_test"]]
+    fired = {t["alertname"] for t in tests if t["exp_alerts"]}
+    quiet = {t["alertname"] for t in tests if not t["exp_alerts"]}
+    assert fired == alerts, f"alerts never made to fire: {sorted(alerts - fired)}"
+    assert quiet >= alerts, f"alerts never checked quiet: {sorted(alerts - quiet)}"
+
+
+def test_custom_settings_change_what_fires():
+    """The custom rendering is not the default one under another name: its series verdicts differ."""
+
+    def firing(cfg):
+        return {
+            (t["alertname"], t["eval_time"], len(t["exp_alerts"]))
+            for g in promtool_tests(cfg)
+            for t in g["alert_rule_test"]
+        }
+
+    assert firing(config("defaults")) != firing(config("custom"))
+    custom = [t for g in promtool_tests(config("custom")) for t in g["alert_rule_test"]]
+    # Under the custom objectives both instances are over them, and the prefill's 85 % KV cache is too full.
+    assert {len(t["exp_alerts"]) for t in custom if t["alertname"] == "VllmTtftP99OverSlo"} == {0, 2}
+    assert any(a["exp_labels"]["team"] == "inference" for t in custom for a in t["exp_alerts"])
+
+
+@pytest.mark.parametrize("name", sorted(RENDERINGS))
+def test_prom_report_renders_the_rules_as_ansible_does(rendered, name):
+    """benchmarks/prom_report.py renders the template itself (dashboard_queries without Ansible): same text."""
+    assert prom_report.render_rules(RENDERINGS[name]) == rendered[name]
+
+
+def test_a_broken_rule_is_refused_by_the_role(tmp_path):
+    """The role's task validates with promtool: a threshold that breaks the expression fails the task."""
+    run = _render(tmp_path, "broken", {"vllm_monitoring_nixl_window": "5 minutes"})
+    assert run.returncode != 0
+    assert "failed to validate" in run.stdout + run.stderr
