@@ -52,8 +52,7 @@ main() {
     done
     for inv in sandbox example; do
       ansible-inventory -i "inventories/$inv" --list >/dev/null
-      ansible-playbook --syntax-check -i "inventories/$inv" playbooks/deploy_pd.yml playbooks/verify.yml \
-        playbooks/preflight.yml playbooks/sizing.yml >/dev/null
+      ansible-playbook --syntax-check -i "inventories/$inv" playbooks/*.yml >/dev/null
     done
   fi
 
@@ -72,6 +71,8 @@ main() {
       molecule test -s "$beside" >"$beside_log" 2>&1 &
       beside_pid=$!
     fi
+    # molecule/default/prepare.yml starts a package index (the decode host installs from it).
+    trap '"$REPO_ROOT/scripts/sandbox/index_server.sh" stop >/dev/null 2>&1 || true' EXIT
     for scenario in molecule/*/molecule.yml; do
       scenario="$(basename "$(dirname "$scenario")")"
       [ "$scenario" = "$beside" ] && continue

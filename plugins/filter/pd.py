@@ -1,9 +1,10 @@
 # Copyright (c) inferops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Filters that turn the inventory's prefill/decode hosts into the list of their instances.
+"""Filters that turn the inventory's prefill/decode hosts into the list of their instances, and the router
+hosts into the address clients reach the front at.
 
-Documented in pd_instances.yml and url_host.yml beside this file.
+Documented in pd_instances.yml, url_host.yml and front_endpoint.yml beside this file.
 """
 
 from __future__ import annotations
@@ -65,6 +66,83 @@ def pd_instances(hostvars, prefill_hosts, decode_hosts):
     return out
 
 
+# The vllm_router role's defaults for what front_endpoint reads (roles/vllm_router/defaults/main.yml).
+FRONT_DEFAULTS = {"vllm_router_front_port": 8000, "vllm_router_front_bind": "0.0.0.0",
+                  "vllm_router_tls_certificate": ""}
+WILDCARDS = ("0.0.0.0", "::", "[::]", "*", "")
+LOOPBACKS = ("localhost", "ip6-localhost", "ip6-loopback")
+
+
+def _host_var(variables, name, default=None):
+    """A router host's variable, or ``default`` when it is unset (or refers to something undefined)."""
+    try:
+        if name not in variables:
+            return default
+        value = variables[name]
+    except Exception:  # noqa: BLE001 - Ansible's undefined-variable errors: treated as unset
+        return default
+    return default if any(cls.__name__ in ("Undefined", "Marker") for cls in type(value).__mro__) else value
+
+
+def _is_loopback(host):
+    text = str(host).strip().strip("[]").lower()
+    if text in LOOPBACKS:
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def front_endpoint(hostvars, groups, options=None):
+    """Where clients reach the authenticating front of the first router host (see front_endpoint.yml)."""
+    opts = dict(options or {})
+    routers = [str(h) for h in (groups or {}).get("router") or []]
+    out = {"router": None, "routers": routers, "host": None, "host_source": None, "port": None, "tls": None,
+           "scheme": None, "url": None, "api_url": None, "problems": []}
+    if not routers:
+        out["problems"].append(
+            "[front] router: the inventory has no router host, and clients reach the service only through the "
+            "router host's front. Fix: put the host that runs vllm-router and its front (deploy_pd.yml's router "
+            "play) in the router group.")
+        return out
+    router = routers[0]
+    variables = hostvars[router] if router in hostvars else {}
+    port = _host_var(variables, "vllm_router_front_port", FRONT_DEFAULTS["vllm_router_front_port"])
+    bind = str(_host_var(variables, "vllm_router_front_bind", FRONT_DEFAULTS["vllm_router_front_bind"]) or "")
+    tls = bool(_host_var(variables, "vllm_router_tls_certificate", ""))
+    server_name = str(_host_var(variables, "vllm_router_front_server_name", "") or "").strip()
+    override = str(opts.get("host") or "").strip()
+    if override:
+        host, source = override, opts.get("host_variable") or "the host option"
+    elif server_name and server_name != "_":
+        host, source = server_name, "vllm_router_front_server_name"
+    elif bind.strip() not in WILDCARDS and not _is_loopback(bind):
+        host, source = bind.strip(), "vllm_router_front_bind"
+    else:
+        host = str(_host_var(variables, "ansible_host", "") or "").strip() or router
+        source = "ansible_host" if host != router else "inventory_hostname"
+    out.update(router=router, host=host, host_source=source, tls=tls, scheme="https" if tls else "http")
+    try:
+        out["port"] = int(port)
+    except (TypeError, ValueError):
+        out["problems"].append(f"[front] {router}: vllm_router_front_port: is {port!r}, not a port number. "
+                               "Fix: set the front's port (default 8000).")
+        return out
+    if not override and _is_loopback(bind):
+        out["problems"].append(
+            f"[front] {router}: vllm_router_front_bind: is {bind!r}, so the front listens on the router host's "
+            "loopback only and no client elsewhere reaches it. Fix: bind it to an address clients reach (default "
+            f"0.0.0.0), or name the address of a proxy that forwards to it in {opts.get('host_variable') or 'host'}.")
+    if not override and _is_loopback(host):
+        out["problems"].append(
+            f"[front] {router}: {source}: is {host!r}, a loopback address that only the router host itself "
+            f"reaches. Fix: set the address or name clients use in {opts.get('host_variable') or 'host'}.")
+    out["url"] = f"{out['scheme']}://{url_host(host)}:{out['port']}"
+    out["api_url"] = f"{out['url']}/v1"
+    return out
+
+
 class FilterModule:
     def filters(self):
-        return {"pd_instances": pd_instances, "url_host": url_host}
+        return {"pd_instances": pd_instances, "url_host": url_host, "front_endpoint": front_endpoint}

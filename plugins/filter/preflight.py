@@ -1158,6 +1158,14 @@ def _check_unsupported(rep: _Report, inv: _Inventory) -> None:
                 "use 'fp8' (half the memory of 16-bit KV) or 'auto'.")
 
 
+def request_seconds(max_model_len: int, min_tokens_per_second: float) -> int:
+    """How long one request of ``max_model_len`` tokens takes at the slowest generation speed to plan for
+    (``inferops_min_tokens_per_second``): ceil(max_model_len / rate) seconds. The client check refuses a
+    client timeout below it, the drain check warns about a shorter drain, and the client_timeout filter
+    (playbooks/client_config.yml) gives it to clients as their timeout: one rule for all three."""
+    return math.ceil(max_model_len / min_tokens_per_second)
+
+
 def _check_client(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> None:
     timeout_raw = opts.get("client_timeout_seconds")
     if timeout_raw is None or timeout_raw == "":
@@ -1177,7 +1185,7 @@ def _check_client(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> Non
     if not lengths:
         return
     longest, inst = max(lengths, key=lambda t: t[0])
-    need = math.ceil(longest / rate)
+    need = request_seconds(longest, rate)
     if timeout < need:
         rep.add("client", None, "inferops_client_timeout_seconds",
                 f"is {timeout:g} s, but one request of max_model_len {longest} tokens ({inst.label}) at "
@@ -1211,7 +1219,7 @@ def _check_drain(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> None
         longest = inst.max_model_len
         if inst.group != "decode" or timeout is None or timeout < 0 or not longest:
             continue
-        need = math.ceil(longest / rate)
+        need = request_seconds(longest, rate)
         if timeout >= need:
             continue
         how = f"{timeout} s" if timeout else "0 s (no drain: a stop aborts every running request)"
@@ -1730,7 +1738,66 @@ def launcher_problems(published: Mapping[str, Any], host: str, variables: Mappin
     return rep.lines()
 
 
+def client_timeout(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
+                   options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The request timeout to give the clients (see client_timeout.yml): the client check's rule,
+    request_seconds() of the longest max_model_len, or inferops_client_timeout_seconds when it is set and
+    passes that same check. Problems (the client check's own lines among them) are returned, not raised."""
+    opts = dict(options or {})
+    rep = _Report()
+    inv = _load(published_by_host, groups, None)
+    out: dict[str, Any] = {"seconds": None, "rule_seconds": None, "max_model_len": None, "instance": None,
+                           "min_tokens_per_second": None, "source": None, "problems": []}
+    rate = _to_float(opts.get("min_tokens_per_second", DEFAULT_MIN_TOKENS_PER_SECOND))
+    configured = opts.get("client_timeout_seconds")
+    configured = None if configured in (None, "") else configured
+    if not inv.instances:
+        rep.add("client", None, "vllm_instance_instances", "no prefill or decode instance published its settings, so "
+                "max_model_len is unknown.", "run the vllm_instance role's publish tasks on the prefill and decode "
+                "hosts first (playbooks/client_config.yml does), and give the inventory prefill and decode hosts.")
+    elif rate is None or rate <= 0:
+        rep.add("client", None, "inferops_min_tokens_per_second",
+                f"is {_show(opts.get('min_tokens_per_second'))}, not a positive number.",
+                f"set the slowest generation speed to plan for (default {DEFAULT_MIN_TOKENS_PER_SECOND}).")
+    else:
+        unknown = [i.label for i in inv.instances if not i.max_model_len]
+        if unknown and configured is None:
+            rep.add("client", unknown, "vllm_instance_max_model_len",
+                    "is 0 (the model's own) and the model's max_position_embeddings is unknown, so the longest "
+                    "request, and the clients' timeout, cannot be derived.",
+                    "set vllm_instance_max_model_len, or max_position_embeddings in vllm_instance_model_facts, or "
+                    "the clients' timeout itself in inferops_client_timeout_seconds.")
+        lengths = [(i.max_model_len, i) for i in inv.instances if i.max_model_len]
+        if lengths:
+            longest, inst = max(lengths, key=lambda t: t[0])
+            out.update(max_model_len=longest, instance=inst.label, min_tokens_per_second=rate,
+                       rule_seconds=request_seconds(longest, rate))
+        # The preflight's own client check: a configured timeout below the rule is the same problem there.
+        _check_client(rep, inv, opts)
+    out["problems"] = rep.lines()
+    if not out["problems"]:
+        if configured is not None:
+            value = _to_float(configured)
+            out.update(seconds=int(value) if value is not None and value.is_integer() else value,
+                       source="inferops_client_timeout_seconds")
+        else:
+            out.update(seconds=out["rule_seconds"], source="max_model_len / inferops_min_tokens_per_second")
+    return out
+
+
+def instance_limits(published_by_host: Mapping[str, Any], groups: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each prefill and decode instance's resolved limits (see instance_limits.yml): what a request must fit."""
+    inv = _load(published_by_host, groups, None)
+    return [{"host": inst.host, "instance": inst.name, "label": inst.label, "group": inst.group,
+             "max_model_len": inst.max_model_len, "served_model_name": _text(inst.published.get("served_model_name")),
+             "kv_cache_dtype": _text(inst.settings.get("kv_cache_dtype")) or "auto",
+             "enable_prefix_caching": inst.settings.get("enable_prefix_caching"),
+             "variant": inst.variant, "port": _to_int(inst.port)}
+            for inst in inv.instances]
+
+
 class FilterModule:
     def filters(self):
         return {"pd_preflight": _pd_preflight_filter, "pd_preflight_warnings": pd_preflight_warnings,
-                "kv_sizing": kv_sizing, "launcher_problems": launcher_problems, "valid_api_key": valid_api_key}
+                "kv_sizing": kv_sizing, "launcher_problems": launcher_problems, "valid_api_key": valid_api_key,
+                "client_timeout": client_timeout, "instance_limits": instance_limits}

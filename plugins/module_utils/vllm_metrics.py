@@ -11,6 +11,8 @@ Everything here works on text and plain data (no HTTP), so that it can be unit t
 * :func:`evaluate_proof_request` decides from the summaries read right before and after one proof
   request whether prefill handed the KV of its whole prompt to decode over NIXL, and
   :func:`evaluate_pd_proof` combines the requests into the proof;
+* :func:`prefix_cache_state` gives the prefix-cache counters and cache settings the
+  inferops.vllm.vllm_prefix_cache_check module compares around its two requests;
 * :func:`redact` / :func:`snippet` keep secrets and long bodies out of messages.
 """
 
@@ -202,6 +204,29 @@ def cache_config(samples):
         "cache_dtype": _label_str(labels.get("cache_dtype")),
         "kv_cache_size_tokens": _label_int(labels.get("kv_cache_size_tokens")),
         "num_gpu_blocks": _label_int(labels.get("num_gpu_blocks")),
+    }
+
+
+def _label_bool(value):
+    text = _label_str(value)
+    if text is None:
+        return None
+    return {"true": True, "false": False}.get(text.strip().lower())
+
+
+def prefix_cache_state(samples):
+    """What the prefix-cache check reads from one instance's samples: the ``vllm:prefix_cache_queries_total``
+    and ``vllm:prefix_cache_hits_total`` counters (tokens, summed over engines) and the cache settings vLLM
+    runs with (``vllm:cache_config_info``: ``cache_dtype``, ``enable_prefix_caching``, ``block_size``)."""
+    infos = [labels for labels, _value in _matching(samples, CACHE_CONFIG_INFO, {})]
+    infos.sort(key=lambda labels: (labels.get("engine", "") != "0", labels.get("engine", "")))
+    labels = infos[0] if infos else {}
+    return {
+        "queries": _int(sample_sum(samples, PREFIX_CACHE_QUERIES)),
+        "hits": _int(sample_sum(samples, PREFIX_CACHE_HITS)),
+        "cache_dtype": _label_str(labels.get("cache_dtype")),
+        "enable_prefix_caching": _label_bool(labels.get("enable_prefix_caching")),
+        "block_size": _label_int(labels.get("block_size")),
     }
 
 

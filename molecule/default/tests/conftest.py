@@ -32,6 +32,17 @@ def secret(name: str) -> str:
         return f.read().split()[0]
 
 
+def run_playbook(inventory: str, name: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """ansible-playbook of this checkout's playbooks/NAME with molecule's ansible.cfg, output captured."""
+    project = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
+    env = dict(os.environ)
+    cfg = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"), "ansible.cfg")
+    if os.path.isfile(cfg):
+        env["ANSIBLE_CONFIG"] = cfg
+    return subprocess.run(["ansible-playbook", "-i", inventory, os.path.join(project, "playbooks", name), *args],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def container_ip(name: str) -> str:
     out = subprocess.run(
         ["podman", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", name],

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pytest
 import tomllib
 import yaml
-from conftest import DECODE, PREFILL, container_ip, front_ca, secret
+from conftest import DECODE, PREFILL, container_ip, front_ca, run_playbook, secret
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
 EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
@@ -83,13 +83,8 @@ def inventory(tmp_path_factory):
     return str(dst)
 
 
-def playbook(inventory: str, name: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    cfg = os.path.join(EPHEMERAL, "ansible.cfg")
-    if os.path.isfile(cfg):
-        env["ANSIBLE_CONFIG"] = cfg
-    return subprocess.run(["ansible-playbook", "-i", inventory, os.path.join(PROJECT, "playbooks", name), *args],
-                          cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+def playbook(inventory: str, name: str, *args: str) -> subprocess.CompletedProcess:
+    return run_playbook(inventory, name, *args)
 
 
 @dataclass

@@ -1,0 +1,304 @@
+# Copyright (c) inferops.vllm contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Benchmark scenarios for ``vllm bench serve``: checked before any request, and turned into its command line.
+
+Documented in bench_scenarios.yml beside this file; playbooks/benchmark.yml (the vllm_benchmark role) calls it
+once on the controller before any host is contacted, and again on the benchmark host with the real URL,
+tokenizer and result directory. Plain Python on plain data, unit-tested without Ansible.
+
+What ``vllm bench serve`` of vLLM 0.32 does with each dataset comes from its source
+(vllm/benchmarks/serve.py and vllm/benchmarks/datasets/datasets.py of the pinned wheel):
+
+* ``random``: prompts of ``--random-prefix-len`` shared tokens plus ``--random-input-len`` tokens, each length
+  drawn from [len x (1 - ratio), len x (1 + ratio)] (``--random-range-ratio``, in [0, 1)), outputs likewise
+  around ``--random-output-len``. Synthetic: needs nothing but the tokenizer.
+* ``prefix_repetition``: ``--prefix-repetition-num-prefixes`` random prefixes of ``-prefix-len`` tokens, each
+  followed by ``num_prompts // num_prefixes`` random suffixes of ``-suffix-len`` tokens; outputs of
+  ``-output-len``. Synthetic. vLLM refuses fewer prompts than prefixes.
+* ``sharegpt``: the first turns of a ShareGPT-format JSON file (``--dataset-path``, a local file; offline), with
+  ``--sharegpt-output-len`` output tokens. vLLM keeps only prompts of at most 1024 tokens whose prompt and
+  output fit 2048 tokens (``is_valid_sequence``), so a request is at most min(1024 + output_len, 2048) tokens.
+
+The other datasets of vLLM 0.32 (``hf``, ``burstgpt``, ``custom``, ``spec_bench``, ``speed_bench``, ...) need a
+download from the Hugging Face hub or files of their own and are refused here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+DATASETS = ("random", "prefix_repetition", "sharegpt")
+OTHER_DATASETS = ("random-mm", "random-rerank", "hf", "burstgpt", "custom", "custom_audio", "custom_image",
+                  "spec_bench", "speed_bench", "timed_trace")
+# vLLM 0.32's ShareGPT filter (vllm/benchmarks/datasets/datasets.py, is_valid_sequence).
+SHAREGPT_MAX_PROMPT = 1024
+SHAREGPT_MAX_TOTAL = 2048
+COMMON_KEYS = ("name", "dataset", "output_len", "num_prompts", "rate", "concurrency", "burstiness", "seed")
+DATASET_KEYS = {
+    "random": ("input_len", "range_ratio", "prefix_len"),
+    "prefix_repetition": ("prefix_len", "suffix_len", "num_prefixes"),
+    "sharegpt": ("dataset_path",),
+}
+REQUIRED = {"random": ("input_len",), "prefix_repetition": ("prefix_len", "suffix_len"), "sharegpt": ("dataset_path",)}
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
+METRIC_PERCENTILES = "50,90,99"
+VARIABLE = "vllm_benchmark_scenarios"
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, where: str, field: str, what: str, fix: str, check: str = "scenario") -> None:
+        self.lines.append(f"[{check}] {where}: {field}: {what} Fix: {fix}")
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+def _whole(value: Any) -> int | None:
+    """A whole number (an int, or a string or float that is one), else None; booleans are not numbers."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        return int(value)
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _positive_int(p: _Problems, where: str, sc: Mapping[str, Any], key: str, minimum: int = 1) -> int | None:
+    value = _whole(sc.get(key))
+    if value is None or value < minimum:
+        what = "a whole number >= 0" if minimum == 0 else "a positive whole number"
+        p.add(where, key, f"is {_show(sc.get(key))}, not {what}.", f"give {key} as {what}.")
+        return None
+    return value
+
+
+def _rate(p: _Problems, where: str, value: Any) -> float | str | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("inf", "infinity")):
+        return "inf"
+    number = _number(value)
+    if number is None or number <= 0:
+        p.add(where, "rate", f"is {_show(value)}, not a positive number of requests per second.",
+              "give the request rate in requests/s (e.g. 2 or 0.5), or 'inf' to send every prompt at once.")
+        return None
+    return number
+
+
+def _limits(limits: Any) -> tuple[int | None, str | None, list[str]]:
+    """(smallest known max_model_len, the instance that has it, instances whose max_model_len is unknown)."""
+    known: list[tuple[int, str]] = []
+    unknown: list[str] = []
+    for item in limits or []:
+        if not isinstance(item, Mapping):
+            continue
+        label = str(item.get("label") or item.get("host") or "?")
+        value = _whole(item.get("max_model_len"))
+        if value:
+            known.append((value, label))
+        else:
+            unknown.append(label)
+    if not known:
+        return None, None, unknown
+    value, label = min(known)
+    return value, label, unknown
+
+
+def _lengths(sc: dict[str, Any]) -> tuple[int, int, str]:
+    """(longest prompt, longest output, how the prompt is made up) that vLLM's dataset can produce."""
+    dataset = sc["dataset"]
+    if dataset == "random":
+        ratio = sc["range_ratio"]
+        prompt = sc["prefix_len"] + math.ceil(sc["input_len"] * (1 + ratio))
+        output = math.ceil(sc["output_len"] * (1 + ratio))
+        how = (f"prefix_len {sc['prefix_len']} + input_len {sc['input_len']}" if sc["prefix_len"]
+               else f"input_len {sc['input_len']}") + (f" x (1 + range_ratio {ratio:g})" if ratio else "")
+        return prompt, output, how
+    if dataset == "prefix_repetition":
+        return (sc["prefix_len"] + sc["suffix_len"], sc["output_len"],
+                f"prefix_len {sc['prefix_len']} + suffix_len {sc['suffix_len']}")
+    prompt = min(SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL - sc["output_len"])
+    return prompt, sc["output_len"], (f"ShareGPT prompts, which vLLM keeps up to {SHAREGPT_MAX_PROMPT} tokens "
+                                      f"and {SHAREGPT_MAX_TOTAL} with the output")
+
+
+def _check_one(p: _Problems, index: int, raw: Any, names: set[str]) -> dict[str, Any] | None:
+    if not isinstance(raw, Mapping):
+        p.add(f"{VARIABLE}[{index}]", "(entry)", f"is {_show(raw)}, not a mapping.",
+              "write each scenario as {name, dataset, input_len, output_len, num_prompts, rate, concurrency}.")
+        return None
+    name = raw.get("name")
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        p.add(f"{VARIABLE}[{index}]", "name", f"is {_show(name)}, not a name of 1 to 64 characters of "
+              "A-Z a-z 0-9 . _ - (it names the result file).",
+              "give every scenario a short name such as 'short-prompts'.")
+        where = f"{VARIABLE}[{index}]"
+    else:
+        where = f"scenario '{name}'"
+        if name in names:
+            p.add(where, "name", "is used by two scenarios; each one's result file is named after it.",
+                  "give every scenario its own name.")
+        names.add(name)
+    before = len(p.lines)
+    dataset = raw.get("dataset", "random")
+    if dataset not in DATASETS:
+        other = (" vLLM 0.32 has it, but it needs a download from the Hugging Face hub or files that this playbook "
+                 "does not provide." if dataset in OTHER_DATASETS else "")
+        p.add(where, "dataset", f"is {_show(dataset)}, not a dataset that vllm bench serve runs offline here "
+              f"({', '.join(DATASETS)}).{other}",
+              "use 'random' (synthetic prompts of input_len tokens), 'prefix_repetition' (shared prefixes) or "
+              "'sharegpt' with dataset_path (a ShareGPT JSON file on the controller).")
+        return None
+    known = set(COMMON_KEYS) | set(DATASET_KEYS[dataset])
+    unknown = sorted(str(k) for k in raw if k not in known)
+    if unknown:
+        p.add(where, ", ".join(unknown), f"{'is not a setting' if len(unknown) == 1 else 'are not settings'} of a "
+              f"{dataset} scenario (known: {', '.join(sorted(known))}).", "remove or rename it.")
+    for key in REQUIRED[dataset] + ("output_len", "num_prompts"):
+        if raw.get(key) is None:
+            p.add(where, key, f"is missing; a {dataset} scenario needs it.", f"set {key}.")
+    sc: dict[str, Any] = {"name": name, "dataset": dataset}
+    for key in ("output_len", "num_prompts"):
+        if raw.get(key) is not None:
+            sc[key] = _positive_int(p, where, raw, key)
+    sc["rate"] = _rate(p, where, raw.get("rate"))
+    sc["concurrency"] = None
+    if raw.get("concurrency") is not None:
+        sc["concurrency"] = _positive_int(p, where, raw, "concurrency")
+    sc["burstiness"] = 1.0
+    if raw.get("burstiness") is not None:
+        sc["burstiness"] = _number(raw.get("burstiness"))
+        if sc["burstiness"] is None or sc["burstiness"] <= 0:
+            p.add(where, "burstiness", f"is {_show(raw.get('burstiness'))}, not a positive number.",
+                  "leave it out (1: Poisson arrivals), or give a positive number (below 1 burstier, above 1 steadier).")
+    sc["seed"] = 0 if raw.get("seed") is None else _positive_int(p, where, raw, "seed", minimum=0)
+    if dataset == "random":
+        if raw.get("input_len") is not None:
+            sc["input_len"] = _positive_int(p, where, raw, "input_len")
+        sc["prefix_len"] = 0 if raw.get("prefix_len") is None else _positive_int(p, where, raw, "prefix_len", 0)
+        ratio = 0.0 if raw.get("range_ratio") is None else _number(raw.get("range_ratio"))
+        if ratio is None or not 0 <= ratio < 1:
+            p.add(where, "range_ratio", f"is {_show(raw.get('range_ratio'))}, not a number in [0, 1).",
+                  "leave it out (every prompt input_len tokens), or give a ratio from 0 to below 1.")
+        sc["range_ratio"] = ratio
+    elif dataset == "prefix_repetition":
+        for key in ("prefix_len", "suffix_len"):
+            if raw.get(key) is not None:
+                sc[key] = _positive_int(p, where, raw, key)
+        sc["num_prefixes"] = 10 if raw.get("num_prefixes") is None else _positive_int(p, where, raw, "num_prefixes")
+        if sc.get("num_prompts") and sc["num_prefixes"] and sc["num_prompts"] < sc["num_prefixes"]:
+            p.add(where, "num_prompts", f"is {sc['num_prompts']}, fewer than num_prefixes {sc['num_prefixes']}: "
+                  "vllm bench serve refuses that.", "send at least one prompt per prefix, or lower num_prefixes.")
+    else:
+        path = raw.get("dataset_path")
+        if path is not None:
+            if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isfile(path):
+                p.add(where, "dataset_path", f"is {_show(path)}, not the absolute path of a file on the controller.",
+                      "give the ShareGPT-format JSON file's absolute path on the controller (it is copied to the "
+                      "benchmark host).")
+            sc["dataset_path"] = path
+    if len(p.lines) > before:
+        return None
+    return sc
+
+
+def _argv(sc: dict[str, Any], opts: Mapping[str, Any]) -> list[str]:
+    argv = [f"{opts.get('venv') or '/opt/vllm/venv'}/bin/vllm", "bench", "serve", "--backend", "openai",
+            "--endpoint", "/v1/completions", "--base-url", str(opts.get("base_url") or "http://FRONT:8000"),
+            "--model", str(opts.get("model") or "MODEL"), "--tokenizer", str(opts.get("tokenizer") or "TOKENIZER"),
+            "--dataset-name", sc["dataset"]]
+    if sc["dataset"] == "random":
+        argv += ["--random-input-len", str(sc["input_len"]), "--random-output-len", str(sc["output_len"]),
+                 "--random-range-ratio", f"{sc['range_ratio']:g}", "--random-prefix-len", str(sc["prefix_len"])]
+    elif sc["dataset"] == "prefix_repetition":
+        argv += ["--prefix-repetition-prefix-len", str(sc["prefix_len"]),
+                 "--prefix-repetition-suffix-len", str(sc["suffix_len"]),
+                 "--prefix-repetition-num-prefixes", str(sc["num_prefixes"]),
+                 "--prefix-repetition-output-len", str(sc["output_len"])]
+    else:
+        argv += ["--dataset-path", sc["remote_dataset_path"], "--sharegpt-output-len", str(sc["output_len"])]
+    argv += ["--num-prompts", str(sc["num_prompts"]), "--request-rate", str(sc["rate"]),
+             "--burstiness", f"{sc['burstiness']:g}"]
+    if sc["concurrency"]:
+        argv += ["--max-concurrency", str(sc["concurrency"])]
+    argv += ["--ignore-eos", "--temperature", "0", "--seed", str(sc["seed"]), "--disable-tqdm",
+             "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", METRIC_PERCENTILES,
+             "--save-result", "--result-dir", str(opts.get("result_dir") or "RESULT_DIR"),
+             "--result-filename", sc["result_file"], "--label", sc["name"], "--metadata"]
+    metadata = {"scenario": sc["name"], "dataset": sc["dataset"], "max_prompt_tokens": sc["max_prompt_tokens"],
+                "max_output_tokens": sc["max_output_tokens"], "rate": sc["rate"], "concurrency": sc["concurrency"],
+                **{k: v for k, v in (opts.get("metadata") or {}).items() if v is not None}}
+    argv += [f"{key}={value}" for key, value in metadata.items() if value is not None]
+    return argv
+
+
+def bench_scenarios(scenarios: Any, limits: Any = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Check the scenarios and build each one's ``vllm bench serve`` command line (see bench_scenarios.yml)."""
+    opts = dict(options or {})
+    p = _Problems()
+    max_len, max_len_from, unknown = _limits(limits)
+    out: dict[str, Any] = {"scenarios": [], "problems": p.lines, "max_model_len": max_len,
+                           "max_model_len_instance": max_len_from}
+    if not isinstance(scenarios, list) or not scenarios:
+        p.add(VARIABLE, "(list)", f"is {_show(scenarios) if not isinstance(scenarios, list) else 'empty'}, not a "
+              "list of scenarios.", "give at least one scenario, e.g. [{name: short, dataset: random, input_len: "
+              "128, output_len: 32, num_prompts: 20, rate: 1}].")
+        return out
+    if max_len is None:
+        p.add(", ".join(unknown) or "every instance", "vllm_instance_max_model_len", "is 0 (the model's own) and the "
+              "model's max_position_embeddings is not known, so no prompt length can be checked before the requests.",
+              "set vllm_instance_max_model_len, or max_position_embeddings in vllm_instance_model_facts.",
+              check="instances")
+    names: set[str] = set()
+    remote_dir = str(opts.get("result_dir") or "RESULT_DIR")
+    for index, raw in enumerate(scenarios):
+        sc = _check_one(p, index, raw, names)
+        if sc is None:
+            continue
+        prompt, output, how = _lengths(sc)
+        where = f"scenario '{sc['name']}'"
+        if max_len is not None and prompt + output > max_len:
+            field = {"random": "input_len", "prefix_repetition": "prefix_len", "sharegpt": "output_len"}[sc["dataset"]]
+            p.add(where, field, f"prompts of up to {prompt} tokens ({how}) + up to {output} output tokens = "
+                  f"{prompt + output} tokens, more than max_model_len {max_len} ({max_len_from}, the smallest of the "
+                  "instances): vLLM would refuse those requests.",
+                  f"keep prompt + output within {max_len} tokens (lower input/prefix/suffix_len or output_len), or "
+                  "raise vllm_instance_max_model_len." + (" ShareGPT prompts reach 1024 tokens: use the random "
+                                                          "dataset on a shorter context." if sc["dataset"] == "sharegpt"
+                                                          else ""))
+            continue
+        sc.update(max_prompt_tokens=prompt, max_output_tokens=output, result_file=f"{sc['name']}.json",
+                  expected_seconds=(round(sc["num_prompts"] / sc["rate"], 1) if sc["rate"] != "inf" else None))
+        if sc["dataset"] == "sharegpt":
+            sc["remote_dataset_path"] = f"{remote_dir}/dataset-{sc['name']}.json"
+        sc["argv"] = _argv(sc, opts)
+        out["scenarios"].append(sc)
+    if p.lines:
+        out["scenarios"] = []
+    return out
+
+
+class FilterModule:
+    def filters(self):
+        return {"bench_scenarios": bench_scenarios}
