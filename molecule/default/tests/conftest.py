@@ -32,7 +32,7 @@ def secret(name: str) -> str:
         return f.read().split()[0]
 
 
-def run_playbook(inventory: str, name: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+def deploy_playbook(inventory: str, name: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
     """ansible-playbook of this checkout's playbooks/NAME with molecule's ansible.cfg, output captured."""
     project = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
     env = dict(os.environ)

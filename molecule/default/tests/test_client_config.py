@@ -9,7 +9,7 @@ import stat
 import sys
 
 import pytest
-from conftest import ROUTER, container_ip, front_ca, run_playbook, secret
+from conftest import ROUTER, container_ip, deploy_playbook, front_ca, secret
 
 EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
 pytestmark = pytest.mark.skipif(not EPHEMERAL, reason="runs inside molecule only (its inventory)")
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.skipif(not EPHEMERAL, reason="runs inside molecule only
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp("client-config")
-    run = run_playbook(os.path.join(EPHEMERAL, "inventory"), "client_config.yml",
-                       "-e", f"vllm_client_config_dir={out}", "-e", f"inferops_front_ca_file={front_ca()}")
+    run = deploy_playbook(os.path.join(EPHEMERAL, "inventory"), "client_config.yml",
+                          "-e", f"vllm_client_config_dir={out}", "-e", f"inferops_front_ca_file={front_ca()}")
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     return out
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pytest
 import tomllib
 import yaml
-from conftest import DECODE, PREFILL, container_ip, front_ca, run_playbook, secret
+from conftest import DECODE, PREFILL, container_ip, deploy_playbook, front_ca, secret
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
 EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
@@ -84,7 +84,7 @@ def inventory(tmp_path_factory):
 
 
 def playbook(inventory: str, name: str, *args: str) -> subprocess.CompletedProcess:
-    return run_playbook(inventory, name, *args)
+    return deploy_playbook(inventory, name, *args)
 
 
 @dataclass
