@@ -68,7 +68,10 @@ main() {
     if [ -f "molecule/$beside/molecule.yml" ]; then
       beside_log="$(mktemp)"
       stage "molecule test -s $beside (started; runs beside the next scenarios)"
-      molecule test -s "$beside" >"$beside_log" 2>&1 &
+      # Started after the next scenario created its network: two `podman network create` at the same
+      # moment (each scenario's create) can pick the same CNI bridge, and one network then has no
+      # gateway on this machine (seen: molecule's index could not bind its gateway address).
+      (sleep 90 && molecule test -s "$beside") >"$beside_log" 2>&1 &
       beside_pid=$!
     fi
     # molecule/default/prepare.yml starts a package index (the decode host installs from it).

@@ -86,6 +86,11 @@ bind_address() {
     die "Podman network $network does not exist: start the index after molecule's create (or set INFEROPS_INDEX_BIND)"
   gateway="$(podman network inspect -f '{{range .Subnets}}{{.Gateway}} {{end}}' "$network" | awk '{print $1}')"
   [ -n "$gateway" ] || die "Podman network $network has no gateway address"
+  # The bridge (and its address) appears with the network's first container: wait a little for it.
+  for _ in $(seq 30); do
+    ip -o addr show | grep -qF " $gateway/" && break
+    sleep 1
+  done
   ip -o addr show | grep -qF " $gateway/" ||
     die "the gateway $gateway of $network is not on any interface of this machine yet (the bridge appears with the network's first container): start the index after molecule's create"
   printf '%s\n' "$gateway"
