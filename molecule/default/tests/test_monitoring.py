@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 import urllib.parse
@@ -32,7 +33,7 @@ def prometheus_get(router_host):
     """prom_report's HTTP GET, done inside the router container (Prometheus is on its loopback)."""
     def get(url, params, timeout=30):
         full = url.rstrip("/") + "?" + urllib.parse.urlencode(params)
-        out = router_host.run(f"python3 -c {json.dumps(GET)} {json.dumps(full)}")
+        out = router_host.run(f"python3 -c {shlex.quote(GET)} {shlex.quote(full)}")
         assert out.rc == 0, f"GET {full} in the router container: {out.stderr[-500:]}"
         body = json.loads(out.stdout)
         if body.get("status") != "success":
@@ -44,10 +45,10 @@ def prometheus_get(router_host):
 @pytest.fixture(scope="module")
 def traffic(front_url):
     """Completions and a chat through the front, so that the latency histograms and NIXL counters have data."""
-    import httpx
     import openai
-    client = openai.OpenAI(base_url=f"{front_url}/v1", api_key=secret("client_api_key"),
-                           http_client=httpx.Client(verify=front_ca() or True, timeout=120))
+    ca = front_ca()
+    client = openai.OpenAI(base_url=f"{front_url}/v1", api_key=secret("client_api_key"), timeout=120, max_retries=0,
+                           http_client=openai.DefaultHttpxClient(verify=ca) if ca else None)
     for i in range(3):
         client.completions.create(model="smollm2-135m-instruct", prompt=f"Count to {i + 3}:", max_tokens=8)
     client.chat.completions.create(model="smollm2-135m-instruct", max_tokens=8, stream=False,
