@@ -8,6 +8,22 @@ playbooks/sizing.yml call them. Plain Python on plain dicts and lists (what
 ``roles/vllm_instance/tasks/publish.yml`` and ``playbooks/preflight.yml`` publish per host), so
 the checks are unit-testable without Ansible and take milliseconds for a thousand hosts.
 
+Which rule lives where (one place per rule):
+    here                  every rule an inventory decides alone, across hosts: groups, names, ports,
+                          prefill/decode parity, model and topology, quantization, capacity, removed
+                          settings, client and drain timeouts, addresses, keys, booleans, and (the
+                          launcher check) each instance's TOML through the launcher's own validate().
+    _vllm_vocabulary.py   what vLLM accepts and what ``auto`` resolves to (plugins/module_utils/, shared
+                          with the launcher on the hosts); _model_facts.py, _pd_instance.py and
+                          _kv_sizing.py beside it: the model's facts, an instance's resolved settings and
+                          its KV sizing.
+    the roles             rules that need facts or the host: /dev/shm (vllm_instance), GPU memory and
+                          GPU assignment (the gpu_assign filter in vllm_instance's configure), nft's
+                          verdict on addresses that need facts (vllm_firewall).
+    argument specs        types, and choices where no better message exists behind them.
+    the launcher          its TOML's types and ranges, and what the free-form extra args and
+                          environment may not set (checked here too: the launcher check runs it).
+
 Input, ``published_by_host``: ``hostvars`` (a host's ``__vllm_instance_preflight``, and a router
 host's ``vllm_router_*`` inventory variables, else the router role's documented defaults), or as
 plain data: inventory host name -> ``{"instance": <__vllm_instance_preflight or None>, "router":
@@ -19,20 +35,12 @@ Fix: <how>``; the same problem on many hosts is one line naming them. Some findi
 problems (a drain timeout shorter than the longest request, say): ``pd_preflight_warnings`` returns
 them in the same form, and the ``pd_preflight`` filter, as Ansible calls it, shows each as an Ansible
 warning (``[WARNING]: PD preflight: ...``) without failing the run.
-
-What vLLM accepts (dtypes, quantization methods, KV cache dtypes, block sizes, the flags extra
-args may not pass, ...) and what ``auto`` and an unset block size resolve to are not listed here:
-they are the launcher's (roles/vllm_instance/files/inferops_vllm_launch.py, standard library
-only, loaded from the collection by ``launcher()``). The ``launcher`` check builds the TOML each
-instance would get from the role's templates/instance.toml.j2 and runs the launcher's own
-``validate()`` on it, so a config the launcher would refuse on the host is refused here first.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import ipaddress
-import json
 import math
 import os
 import re
@@ -42,6 +50,21 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from types import ModuleType
 from typing import Any
+
+from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
+from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import kind as _kind
+from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import (
+    render,
+    toml_role_variable,
+    toml_variable,
+)
+from ansible_collections.inferops.vllm.plugins.module_utils._kv_sizing import size as _size
+from ansible_collections.inferops.vllm.plugins.module_utils._model_facts import model_facts
+from ansible_collections.inferops.vllm.plugins.module_utils._pd_instance import Instance
+from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import host_var as _var
+from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import text as _text
+from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import to_float as _to_float
+from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import to_int as _to_int
 
 try:
     from ansible.utils.display import Display
@@ -55,6 +78,9 @@ ROUTER_FACT = "__inferops_router_preflight"
 # checkout and in an installed collection (ansible_collections/inferops/vllm/...) alike.
 LAUNCHER_PATH = ("roles", "vllm_instance", "files", "inferops_vllm_launch.py")
 LAUNCHER_MODULE = "_inferops_vllm_launch"
+# The name the launcher looks its vocabulary up under (its VOCABULARY_MODULE): registered with this
+# file's vocabulary before the launcher loads, so the two read one module.
+VOCABULARY_MODULE = "_inferops_vllm_vocabulary"
 # The rule for every API key the collection writes into an EnvironmentFile or nginx (the instances'
 # vllm_instance_api_key, the router's client keys): RFC 6750 bearer-token characters, 16 or more.
 API_KEY_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,}")
@@ -70,25 +96,12 @@ DEFAULT_MIN_TOKENS_PER_SECOND = 20
 # (roles/vllm_instance/templates/instance-stop.conf.j2): the launcher's ORPHAN_GRACE_SECONDS and a margin.
 STOP_TIMEOUT_MARGIN_SECONDS = 15
 
-# A checkpoint's torch_dtype (config.json) spellings -> the name the launcher's vocabulary uses.
-CHECKPOINT_DTYPES = {
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "half": "float16", "fp16": "float16",
-    "float32": "float32", "float": "float32", "fp32": "float32",
-}
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # The instance settings that must be booleans (enable_chunked_prefill may also be null).
 BOOLEAN_SETTINGS = ("enforce_eager", "enable_prefix_caching", "trust_remote_code", "enable_chunked_prefill")
 NULLABLE_BOOLEANS = ("enable_chunked_prefill",)
 # Settings publish.yml leaves out (they may carry site secrets); overrides may still set them.
 UNPUBLISHED_SETTINGS = ("environment", "extra_args")
 INSTANCE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-# The role's defaults (roles/vllm_instance/defaults/main.yml) of what the TOML needs beyond the
-# published settings; hostvars hold a variable only when the inventory sets it.
-INSTANCE_DEFAULTS = {"vllm_instance_bind_host": "0.0.0.0", "vllm_instance_models_dir": "/var/lib/vllm/models",
-                     "vllm_instance_environment": {}, "vllm_instance_extra_args": []}
-# The role's defaults of per-instance settings that plain data (and an older publish) may lack.
-SETTING_DEFAULTS = {"shutdown_timeout": 60, "kv_load_failure_policy": "recompute"}
 
 CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quantization", "capacity",
           "unsupported", "launcher", "client", "drain", "network", "secrets", "booleans")
@@ -108,6 +121,7 @@ def _load_launcher() -> ModuleType:
         if spec is None or spec.loader is None:
             continue
         module = importlib.util.module_from_spec(spec)
+        sys.modules[VOCABULARY_MODULE] = vocab
         sys.modules[LAUNCHER_MODULE] = module
         try:
             spec.loader.exec_module(module)
@@ -121,7 +135,8 @@ def _load_launcher() -> ModuleType:
 
 @lru_cache(maxsize=1)
 def launcher() -> ModuleType:
-    """roles/vllm_instance/files/inferops_vllm_launch.py as a module: the one vocabulary of what vLLM accepts."""
+    """roles/vllm_instance/files/inferops_vllm_launch.py as a module, reading this file's vocabulary: the
+    launcher check runs its validate() on each instance's TOML."""
     return _load_launcher()
 
 
@@ -146,50 +161,12 @@ def _is_bool(value: Any) -> bool:
     return isinstance(value, bool)
 
 
-def _to_int(value: Any) -> int | None:
-    """An int from an int, an integral float or a decimal string; None for anything else (bools too)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-        return int(value)
-    return None
-
-
-def _to_float(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _text(value: Any) -> str:
-    return "" if value is None else str(value)
-
-
 def _show(value: Any) -> str:
     if isinstance(value, str):
         return f"'{value}'"
     if value is None:
         return "null"
     return str(value)
-
-
-def _kind(value: Any) -> str:
-    for types, name in ((bool, "a boolean"), (str, "a string"), (int, "an integer"), (float, "a number"),
-                        (Mapping, "a mapping"), (list, "a list")):
-        if isinstance(value, types):
-            return name
-    return "null" if value is None else type(value).__name__
 
 
 def _names(items: Iterable[str], limit: int = 6) -> str:
@@ -200,13 +177,6 @@ def _names(items: Iterable[str], limit: int = 6) -> str:
     if len(seen) <= limit:
         return ", ".join(seen)
     return f"{', '.join(seen[:limit])} and {len(seen) - limit} more"
-
-
-def _human_bytes(n: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def _covers(reported: str, variable: str) -> bool:
@@ -261,232 +231,6 @@ class _Report:
             where = f"{_names(hosts)}: " if hosts else ""
             out.append(f"[{check}] {where}{variable}: {what} Fix: {fix}")
         return out
-
-
-# --- model facts --------------------------------------------------------------------------------
-
-FACT_KEYS = ("num_attention_heads", "num_key_value_heads", "num_hidden_layers", "head_dim", "hidden_size",
-             "max_position_embeddings", "weights_bytes")
-
-
-@dataclass
-class ModelFacts:
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    num_hidden_layers: int | None = None
-    head_dim: int | None = None
-    max_position_embeddings: int | None = None
-    weights_bytes: int | None = None
-    dtype: str | None = None  # canonical checkpoint dtype (config.json torch_dtype / dtype)
-    quantization_config: dict[str, Any] | None = None
-    rope_scaled: bool = False  # rope scaling stretches the context beyond max_position_embeddings
-    source: str = "unknown"
-    error: str | None = None
-
-    @property
-    def kv_known(self) -> bool:
-        return bool(self.num_hidden_layers and self.num_key_value_heads and self.head_dim)
-
-    @property
-    def quant_method(self) -> str:
-        qc = self.quantization_config or {}
-        return _text(qc.get("quant_method") or qc.get("quantization_method") or "unknown")
-
-
-@lru_cache(maxsize=256)
-def _read_model_dir(path: str) -> tuple[str | None, int | None, str | None]:
-    """(config.json text, total weight bytes, error) of a model directory on the controller; cached per run."""
-    config = os.path.join(path, "config.json")
-    if not os.path.isdir(path):
-        return None, None, f"'{path}' is not a directory on the controller"
-    try:
-        with open(config, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
-        return None, None, f"'{config}' cannot be read ({exc.strerror or exc})"
-    weights = 0
-    found = False
-    try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                if entry.name.endswith((".safetensors", ".bin", ".pt", ".gguf")) and entry.is_file():
-                    weights += entry.stat().st_size
-                    found = True
-    except OSError:
-        found = False
-    return text, (weights if found else None), None
-
-
-def _config_values(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The facts the checks use from a Hugging Face config.json (text_config for multimodal models)."""
-    nested = config.get("text_config")
-    if "num_attention_heads" not in config and isinstance(nested, Mapping):
-        merged = dict(nested)
-        merged.setdefault("quantization_config", config.get("quantization_config"))
-        merged.setdefault("torch_dtype", config.get("torch_dtype") or config.get("dtype"))
-        config = merged
-    return {
-        "num_attention_heads": config.get("num_attention_heads"),
-        "num_key_value_heads": config.get("num_key_value_heads"),
-        "num_hidden_layers": config.get("num_hidden_layers"),
-        "head_dim": config.get("head_dim"),
-        "hidden_size": config.get("hidden_size"),
-        "max_position_embeddings": config.get("max_position_embeddings"),
-        "torch_dtype": config.get("torch_dtype") or config.get("dtype"),
-        "quantization_config": config.get("quantization_config"),
-        "rope_scaling": config.get("rope_scaling") or config.get("rope_parameters"),
-    }
-
-
-def model_facts(published: Mapping[str, Any]) -> ModelFacts:
-    """Facts about the model of one host: its config.json when the model is a controller directory
-    (values there win), completed by the declared vllm_instance_model_facts."""
-    declared = published.get("model_facts") or {}
-    if not isinstance(declared, Mapping):
-        declared = {}
-    values: dict[str, Any] = {}
-    source = []
-    facts = ModelFacts()
-    model = _text(published.get("model"))
-    if published.get("model_is_local") and model:
-        text, weights, error = _read_model_dir(model.rstrip("/") or "/")
-        if error:
-            facts.error = error
-        else:
-            try:
-                config = json.loads(text or "")
-                if not isinstance(config, Mapping):
-                    raise ValueError("not a JSON object")
-            except ValueError as exc:
-                facts.error = f"'{model}/config.json' is not valid JSON ({exc})"
-            else:
-                values = {k: v for k, v in _config_values(config).items() if v is not None}
-                values.setdefault("weights_bytes", weights)
-                source.append(f"{model.rstrip('/')}/config.json")
-    from_declared = False
-    for key in (*FACT_KEYS, "torch_dtype", "quantization_config"):
-        if values.get(key) is None and declared.get(key) is not None:
-            values[key] = declared[key]
-            from_declared = True
-    if from_declared:
-        source.append("vllm_instance_model_facts")
-    facts.source = " + ".join(source) or "unknown"
-    facts.num_attention_heads = _to_int(values.get("num_attention_heads"))
-    facts.num_key_value_heads = _to_int(values.get("num_key_value_heads")) or facts.num_attention_heads
-    facts.num_hidden_layers = _to_int(values.get("num_hidden_layers"))
-    facts.head_dim = _to_int(values.get("head_dim"))
-    hidden = _to_int(values.get("hidden_size"))
-    if not facts.head_dim and hidden and facts.num_attention_heads:
-        facts.head_dim = hidden // facts.num_attention_heads
-    facts.max_position_embeddings = _to_int(values.get("max_position_embeddings"))
-    facts.weights_bytes = _to_int(values.get("weights_bytes"))
-    facts.dtype = CHECKPOINT_DTYPES.get(_text(values.get("torch_dtype")).lower())
-    rope = values.get("rope_scaling")
-    if isinstance(rope, Mapping):
-        facts.rope_scaled = _text(rope.get("rope_type") or rope.get("type") or "default") != "default"
-    qc = values.get("quantization_config")
-    facts.quantization_config = dict(qc) if isinstance(qc, Mapping) and qc else None
-    return facts
-
-
-# --- per-instance records -------------------------------------------------------------------------
-
-
-@dataclass
-class Instance:
-    host: str
-    group: str  # prefill | decode (inventory group)
-    name: str
-    index: int  # position in vllm_instance_instances
-    port: Any
-    kv_transfer_port: Any
-    gpus: Any
-    settings: dict[str, Any]
-    overrides: dict[str, Any]
-    published: Mapping[str, Any]
-    facts: ModelFacts
-    label: str = ""
-
-    def variable(self, key: str) -> str:
-        """Where a setting of this instance comes from: its overrides, or the role variable."""
-        if key in self.overrides:
-            return f"vllm_instance_instances[{self.name}].overrides.{key}"
-        return f"vllm_instance_{key}"
-
-    @property
-    def variant(self) -> str:
-        return _text(self.published.get("vllm_variant") or "cuda")
-
-    @property
-    def tp(self) -> int | None:
-        return _to_int(self.settings.get("tensor_parallel_size", 1))
-
-    @property
-    def pp(self) -> int | None:
-        return _to_int(self.settings.get("pipeline_parallel_size", 1))
-
-    @property
-    def dtype(self) -> str | None:
-        """Resolved weight dtype (the launcher's resolve_dtype: what vLLM makes of 'auto' for the
-        checkpoint's dtype); None when 'auto' and the checkpoint's dtype is unknown."""
-        return launcher().resolve_dtype(_text(self.settings.get("dtype")).lower() or "auto", self.facts.dtype)
-
-    @property
-    def kv_cache_dtype(self) -> str:
-        """Resolved KV cache dtype ('auto' = the resolved weight dtype, 'fp8' = 'fp8_e4m3'); 'auto' when
-        the model's dtype is unknown."""
-        raw = _text(self.settings.get("kv_cache_dtype")) or "auto"
-        return launcher().resolve_kv_cache_dtype(raw, self.dtype) or "auto"
-
-    @property
-    def kv_dtype_bytes(self) -> tuple[int, str]:
-        """Bytes per KV element, and how that was decided."""
-        raw = _text(self.settings.get("kv_cache_dtype")) or "auto"
-        resolved = self.kv_cache_dtype
-        if resolved.startswith("fp8"):
-            return 1, raw
-        if raw == "auto":
-            if resolved in DTYPE_BYTES:
-                return DTYPE_BYTES[resolved], f"auto = {resolved}"
-            return 2, "auto, assumed 16-bit (model dtype unknown)"
-        return DTYPE_BYTES.get(resolved, 2), raw
-
-    @property
-    def max_model_len(self) -> int | None:
-        """Resolved max_model_len: the setting, or the model's own when 0; None when unknown."""
-        value = _to_int(self.settings.get("max_model_len") or 0)
-        if value:
-            return value
-        return self.facts.max_position_embeddings
-
-    @property
-    def block_size(self) -> tuple[int, bool]:
-        """(tokens per block, whether it is vLLM's default for the variant: the launcher's resolve_block_size)."""
-        value = _to_int(self.settings.get("block_size") or 0)
-        return launcher().resolve_block_size(value, self.variant), not value
-
-
-_UNSET = object()
-
-
-def _var(variables: Mapping[str, Any], name: str) -> tuple[Any, str]:
-    """(value, "set" | "unset" | "broken") of one host variable; "broken" when it is set but cannot be
-    resolved, for example a reference to a vault variable that is not loaded."""
-    try:
-        if name not in variables:
-            return None, "unset"
-        value = variables[name]
-    except Exception:  # noqa: BLE001 - Ansible's undefined-variable errors, without importing Ansible
-        return None, "broken"
-    items = value if isinstance(value, (list, tuple)) else [value]
-    if any(_undefined(item) for item in items):
-        return None, "broken"
-    return value, "set"
-
-
-def _undefined(value: Any) -> bool:
-    """Whether a value is Jinja's (or Ansible's) stand-in for an undefined variable."""
-    return any(cls.__name__ in ("Undefined", "Marker") for cls in type(value).__mro__)
 
 
 def _router_from_vars(variables: Mapping[str, Any]) -> dict[str, Any]:
@@ -562,142 +306,6 @@ def _instances(host: str, group: str, published: Mapping[str, Any], rep: _Report
     for inst in out:
         inst.label = f"{host}/{inst.name}" if many else host
     return out
-
-
-# --- KV sizing --------------------------------------------------------------------------------------
-
-
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int, tp: int = 1, pp: int = 1) -> int:
-    """KV bytes one token takes on one worker: 2 (K and V) x layers x KV heads x head_dim x bytes,
-    with the layers split over pipeline stages (the largest stage counts) and the KV heads over
-    tensor-parallel ranks (replicated, one per rank, when there are fewer heads than ranks)."""
-    layers_per_worker = math.ceil(layers / max(pp, 1))
-    heads_per_worker = max(1, math.ceil(kv_heads / max(tp, 1)))
-    return 2 * layers_per_worker * heads_per_worker * head_dim * dtype_bytes
-
-
-def kv_blocks(memory_bytes: int, block_size: int, bytes_per_token: int) -> int:
-    """vLLM's block count for a KV budget: floor(memory / (block_size x bytes per token))."""
-    if block_size <= 0 or bytes_per_token <= 0:
-        return 0
-    return max(0, int(memory_bytes) // (block_size * bytes_per_token))
-
-
-def exact_word(sizing: Mapping[str, Any]) -> str:
-    return "" if sizing.get("exact") else "at most "
-
-
-def _size(inst: Instance) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
-    """The sizing of one instance, and its capacity problems as (variable, what, fix)."""
-    s = inst.settings
-    facts = inst.facts
-    block, block_default = inst.block_size
-    max_len = inst.max_model_len
-    override = _to_int(s.get("num_gpu_blocks_override") or 0) or 0
-    memory = _to_int(s.get("kv_cache_memory_bytes") or 0) or 0
-    util = _to_float(s.get("gpu_memory_utilization"))
-    gpu_memory = _to_int(inst.published.get("gpu_memory_bytes") or 0) or 0
-    tp, pp = inst.tp or 1, inst.pp or 1
-    dtype_bytes, dtype_how = inst.kv_dtype_bytes
-    out: dict[str, Any] = {
-        "host": inst.host, "instance": inst.name, "role": inst.group,
-        "model": _text(inst.published.get("model")), "model_facts_source": facts.source,
-        "kv_cache_dtype": _text(s.get("kv_cache_dtype") or "auto"), "kv_dtype_bytes": dtype_bytes,
-        "tensor_parallel_size": tp, "pipeline_parallel_size": pp,
-        "block_size": block, "block_size_is_default": block_default,
-        "bytes_per_token": None, "budget": "unknown", "budget_bytes": None, "num_blocks": None,
-        "num_gpu_blocks_override": override or None, "tokens": None, "exact": False,
-        "max_model_len": max_len, "max_len_requests": None, "summary": "",
-    }
-    problems: list[tuple[str, str, str]] = []
-    head = f"{inst.host}/{inst.name} ({inst.group})"
-    if override and max_len and override * block < max_len:
-        problems.append((
-            inst.variable("num_gpu_blocks_override"),
-            f"caps the KV cache at {override} blocks x {block} tokens = {override * block} tokens, less than one "
-            f"request of max_model_len {max_len}: vLLM refuses to start.",
-            f"raise it to at least {math.ceil(max_len / block)} (or 0 for no cap), "
-            "or lower vllm_instance_max_model_len.",
-        ))
-    if not facts.kv_known:
-        out["summary"] = (
-            f"{head}: capacity unknown: the model's num_hidden_layers, num_key_value_heads and head_dim are unknown "
-            f"({facts.error or 'a hub model'}); declare them in vllm_instance_model_facts."
-        )
-        return out, problems
-    per_gpu = "" if inst.variant == "cpu" else " per GPU"
-    bpt = kv_bytes_per_token(facts.num_hidden_layers, facts.num_key_value_heads, facts.head_dim, dtype_bytes, tp, pp)
-    out["bytes_per_token"] = bpt
-    how = (
-        f"{bpt} B/token = 2 x {math.ceil(facts.num_hidden_layers / pp)} layers x "
-        f"{max(1, math.ceil(facts.num_key_value_heads / tp))} KV heads x {facts.head_dim} head_dim x "
-        f"{dtype_bytes} B ({dtype_how}){per_gpu if tp * pp > 1 else ''}"
-    )
-    block_how = f"block {block}{' (vLLM default on ' + inst.variant + ')' if block_default else ''}"
-    per_gpu_weights = facts.weights_bytes / (tp * pp) if facts.weights_bytes else None
-    if memory > 0:
-        out["budget"], out["budget_bytes"], out["exact"] = "kv_cache_memory_bytes", memory, True
-        fits = kv_blocks(memory, block, bpt)
-        budget_how = f"kv_cache_memory_bytes {memory} ({_human_bytes(memory)}){per_gpu}"
-        if gpu_memory and inst.variant != "cpu" and memory + (per_gpu_weights or 0) > gpu_memory:
-            problems.append((
-                inst.variable("kv_cache_memory_bytes"),
-                f"{memory} B of KV cache"
-                f"{' plus ' + _human_bytes(per_gpu_weights) + ' of weights' if per_gpu_weights else ''}"
-                f" per GPU do not fit in the GPU's {gpu_memory} B (vllm_instance_gpu_memory_bytes).",
-                "lower vllm_instance_kv_cache_memory_bytes, or spread the model over more GPUs.",
-            ))
-    elif gpu_memory and util is not None:
-        out["budget"] = "gpu_memory_utilization"
-        upper = gpu_memory * util - (per_gpu_weights or 0)
-        out["budget_bytes"] = max(0, int(upper))
-        fits = kv_blocks(max(0, int(upper)), block, bpt)
-        budget_how = (
-            f"at most {_human_bytes(max(0, upper))} per GPU = {util} (gpu_memory_utilization) x "
-            f"{_human_bytes(gpu_memory)}"
-            + (f" - {_human_bytes(per_gpu_weights)} weights" if per_gpu_weights else " (weights unknown)")
-            + ", before activations: an upper bound"
-        )
-    else:
-        fits = None
-        budget_how = (
-            f"gpu_memory_utilization {util} needs the GPU's memory; declare vllm_instance_gpu_memory_bytes "
-            "(or set a fixed vllm_instance_kv_cache_memory_bytes)"
-        )
-    if override and fits is not None and override > fits:
-        problems.append((
-            inst.variable("num_gpu_blocks_override"),
-            f"asks for {override} KV blocks, but {budget_how} holds only {fits} blocks of {block} tokens "
-            f"({how}); vLLM would allocate more memory than the budget.",
-            f"lower it to at most {fits}, or 0 to let vLLM size the cache.",
-        ))
-    blocks = fits
-    if override:
-        blocks = override if fits is None else min(override, fits)
-    if blocks is not None:
-        out["num_blocks"] = blocks
-        out["tokens"] = blocks * block
-        if max_len:
-            out["max_len_requests"] = out["tokens"] // max_len
-        capped = bool(override) and (fits is None or override < fits)
-        if max_len and out["tokens"] < max_len and not capped:  # a too small cap is reported above
-            need = math.ceil(max_len / block) * block * bpt
-            problems.append((
-                inst.variable("kv_cache_memory_bytes") if memory > 0 else inst.variable("gpu_memory_utilization"),
-                f"the KV cache holds {exact_word(out)}{out['tokens']} tokens ({blocks} blocks x {block}; {budget_how}; "
-                f"{how}), less than one request of max_model_len {max_len}: vLLM refuses to start.",
-                f"give it at least {need} bytes ({_human_bytes(need)}) of KV cache{per_gpu}, use kv_cache_dtype fp8, "
-                f"or lower vllm_instance_max_model_len to at most {out['tokens']}.",
-            ))
-        capped_by = " (capped by num_gpu_blocks_override)" if override and blocks == override else ""
-        reqs = f" = {out['max_len_requests']} requests of max_model_len {max_len}" if max_len else ""
-        out["summary"] = (
-            f"{head}: {exact_word(out)}{out['tokens']} tokens in {blocks} blocks of {block}{capped_by}{reqs}. "
-            f"Budget: {budget_how}. KV: {how}; {block_how}."
-        )
-    else:
-        out["summary"] = f"{head}: capacity unknown: {budget_how}. KV: {how}; {block_how}."
-    return out, problems
 
 
 # --- the checks ---------------------------------------------------------------------------------------
@@ -812,64 +420,83 @@ def _check_instances(rep: _Report, inv: _Inventory) -> None:
 
 
 def _check_ports(rep: _Report, inv: _Inventory) -> None:
+    """Every port of a host (instances' API and NIXL ports, the router replicas' ports) is a port, and unique."""
     by_host: dict[str, list[tuple[str, Any, str]]] = {}
     for inst in inv.instances:
         for key in ("port", "kv_transfer_port"):
             by_host.setdefault(inst.host, []).append((f"{inst.name} {key}", getattr(inst, key), key))
     for host, pub in inv.router_pub.items():
-        # vllm-router runs vllm_router_replicas processes: replica i on vllm_router_port + i and
-        # vllm_router_metrics_port + i.
-        replicas = _to_int(pub.get("replicas", ROUTER_DEFAULTS["replicas"]))
-        if replicas is None or not 1 <= replicas <= 8:
-            rep.add("ports", host, "vllm_router_replicas",
-                    f"is {_show(pub.get('replicas'))}, not a number of router processes from 1 to 8.",
-                    "set 2 (router restarts without failed requests) or 1.")
-            replicas = 1
-        for key, var in ROUTER_VARS.items():
-            value = pub.get(key)
-            value = ROUTER_DEFAULTS[key] if value is None else value
-            by_host.setdefault(host, []).append((var, value, var))
-            base = _to_int(value)
-            if key != "front_port" and base is not None:
-                for index in range(1, replicas):
-                    by_host[host].append((f"{var} + {index} (router replica {index})", base + index, var))
+        by_host.setdefault(host, []).extend(_router_ports(rep, host, pub))
     for host, uses in by_host.items():
-        seen: dict[int, list[tuple[str, str]]] = {}
-        for label, value, key in uses:
-            port = _to_int(value)
-            if port is None or not 0 < port < 65536:
-                variable = key if key.startswith("vllm_router") else (
-                    f"vllm_instance_instances[{label.split()[0]}].{key}")
-                # A replica's port (vllm_router_port + N) is named as such, not as the variable itself.
-                what = f"{label[len(key):].strip()} is" if label.startswith(key + " ") else "is"
-                rep.add("ports", host, variable, f"{what} {_show(value)}, not a port (1-65535).",
-                        "set a port number (replica N uses the variable + N).")
-                continue
+        _report_port_clashes(rep, host, _valid_ports(rep, host, uses))
+
+
+def _router_ports(rep: _Report, host: str, pub: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
+    """vllm-router runs vllm_router_replicas processes: replica i on vllm_router_port + i and
+    vllm_router_metrics_port + i."""
+    replicas = _to_int(pub.get("replicas", ROUTER_DEFAULTS["replicas"]))
+    if replicas is None or not 1 <= replicas <= 8:
+        rep.add("ports", host, "vllm_router_replicas",
+                f"is {_show(pub.get('replicas'))}, not a number of router processes from 1 to 8.",
+                "set 2 (router restarts without failed requests) or 1.")
+        replicas = 1
+    uses = []
+    for key, var in ROUTER_VARS.items():
+        value = pub.get(key)
+        value = ROUTER_DEFAULTS[key] if value is None else value
+        uses.append((var, value, var))
+        base = _to_int(value)
+        if key != "front_port" and base is not None:
+            uses.extend((f"{var} + {index} (router replica {index})", base + index, var)
+                        for index in range(1, replicas))
+    return uses
+
+
+def _valid_ports(rep: _Report, host: str, uses: list[tuple[str, Any, str]]) -> dict[int, list[tuple[str, str]]]:
+    """The users of each valid port of a host; a value that is no port is reported."""
+    seen: dict[int, list[tuple[str, str]]] = {}
+    for label, value, key in uses:
+        port = _to_int(value)
+        if port is not None and 0 < port < 65536:
             seen.setdefault(port, []).append((label, key))
-        # Two router variables equal at their base collide at every replica too: said once.
-        base_clashes = [frozenset(key for label, key in users) for users in seen.values()
-                        if len(users) > 1 and not any("(router replica" in label for label, unused_key in users)]
-        for port, users in sorted(seen.items()):
-            if len(users) < 2:
-                continue
-            keys = {key for unused_label, key in users}
-            if all("(router replica" in label for label, unused_key in users) and frozenset(keys) in base_clashes:
-                continue
-            if keys <= {"vllm_router_port", "vllm_router_metrics_port", "vllm_router_front_port"}:
-                variable = ", ".join(sorted(keys))
-                fix = (f"give vllm_router_port (default {ROUTER_DEFAULTS['port']}), vllm_router_metrics_port "
-                       f"(default {ROUTER_DEFAULTS['metrics_port']}) and vllm_router_front_port "
-                       f"(default {ROUTER_DEFAULTS['front_port']}) distinct values.")
-            elif keys == {"port"}:
-                variable, fix = "vllm_instance_instances[*].port", "give every instance on the host its own port."
-            elif keys == {"kv_transfer_port"}:
-                variable = "vllm_instance_instances[*].kv_transfer_port"
-                fix = "give every instance on the host its own NIXL side-channel port (kv_transfer_port)."
-            else:
-                variable = "vllm_instance_instances"
-                fix = "every API port, NIXL side-channel port (kv_transfer_port) and router port on a host must differ."
-            rep.add("ports", host, variable,
-                    f"port {port} is used by {' and '.join(label for label, unused_key in users)}.", fix)
+            continue
+        variable = key if key.startswith("vllm_router") else f"vllm_instance_instances[{label.split()[0]}].{key}"
+        # A replica's port (vllm_router_port + N) is named as such, not as the variable itself.
+        what = f"{label[len(key):].strip()} is" if label.startswith(key + " ") else "is"
+        rep.add("ports", host, variable, f"{what} {_show(value)}, not a port (1-65535).",
+                "set a port number (replica N uses the variable + N).")
+    return seen
+
+
+def _port_clash_fix(keys: set[str]) -> tuple[str, str]:
+    """(variable, fix) of a port used twice by the keys."""
+    if keys <= {"vllm_router_port", "vllm_router_metrics_port", "vllm_router_front_port"}:
+        return ", ".join(sorted(keys)), (
+            f"give vllm_router_port (default {ROUTER_DEFAULTS['port']}), vllm_router_metrics_port "
+            f"(default {ROUTER_DEFAULTS['metrics_port']}) and vllm_router_front_port "
+            f"(default {ROUTER_DEFAULTS['front_port']}) distinct values.")
+    if keys == {"port"}:
+        return "vllm_instance_instances[*].port", "give every instance on the host its own port."
+    if keys == {"kv_transfer_port"}:
+        return ("vllm_instance_instances[*].kv_transfer_port",
+                "give every instance on the host its own NIXL side-channel port (kv_transfer_port).")
+    return ("vllm_instance_instances",
+            "every API port, NIXL side-channel port (kv_transfer_port) and router port on a host must differ.")
+
+
+def _report_port_clashes(rep: _Report, host: str, seen: dict[int, list[tuple[str, str]]]) -> None:
+    # Two router variables equal at their base collide at every replica too: said once.
+    base_clashes = [frozenset(key for label, key in users) for users in seen.values()
+                    if len(users) > 1 and not any("(router replica" in label for label, unused_key in users)]
+    for port, users in sorted(seen.items()):
+        if len(users) < 2:
+            continue
+        keys = {key for unused_label, key in users}
+        if all("(router replica" in label for label, unused_key in users) and frozenset(keys) in base_clashes:
+            continue
+        variable, fix = _port_clash_fix(keys)
+        rep.add("ports", host, variable,
+                f"port {port} is used by {' and '.join(label for label, unused_key in users)}.", fix)
 
 
 def _parity(rep: _Report, insts: list[Instance], variable: str, what: str, value_of, fix: str) -> None:
@@ -936,7 +563,17 @@ def _check_parity(rep: _Report, inv: _Inventory) -> None:
     _parity(rep, insts, "vllm_instance_kv_transfer_backend", "the KV connector",
             lambda i: _published(i, "kv_transfer_backend"),
             "use nixl (NixlConnector) on both groups.")
-    # Block sizes as vLLM runs them: an unset one (0) is vLLM's default for the host's build.
+    _check_block_size_parity(rep, insts)
+
+
+def _shown_block(block: int, default: bool, inst: Instance) -> str:
+    how = f" = vLLM's default on {inst.variant}, vllm_instance_block_size 0" if default else ""
+    return f"{block}{how} on {inst.label}"
+
+
+def _check_block_size_parity(rep: _Report, insts: list[Instance]) -> None:
+    """Block sizes as vLLM runs them (an unset one, 0, is vLLM's default for the host's build): decode's
+    smallest must hold prefill's largest."""
     sized = []
     for inst in insts:
         raw = _to_int(inst.settings.get("block_size") or 0)
@@ -944,19 +581,15 @@ def _check_parity(rep: _Report, inv: _Inventory) -> None:
             sized.append((*inst.block_size, inst))
     pre = [t for t in sized if t[2].group == "prefill"]
     dec = [t for t in sized if t[2].group == "decode"]
-    if pre and dec:
-        big = max(pre, key=lambda t: t[0])
-        small = min(dec, key=lambda t: t[0])
-
-        def shown(block: int, default: bool, inst: Instance) -> str:
-            how = f" = vLLM's default on {inst.variant}, vllm_instance_block_size 0" if default else ""
-            return f"{block}{how} on {inst.label}"
-
-        if big[0] > small[0]:
-            rep.add("parity", None, "vllm_instance_block_size",
-                    f"prefill's KV block size ({shown(*big)}) exceeds decode's ({shown(*small)}); decode cannot "
-                    "place prefill's larger blocks.",
-                    "set the same vllm_instance_block_size on both groups (or a smaller one on prefill).")
+    if not (pre and dec):
+        return
+    big = max(pre, key=lambda t: t[0])
+    small = min(dec, key=lambda t: t[0])
+    if big[0] > small[0]:
+        rep.add("parity", None, "vllm_instance_block_size",
+                f"prefill's KV block size ({_shown_block(*big)}) exceeds decode's ({_shown_block(*small)}); decode "
+                "cannot place prefill's larger blocks.",
+                "set the same vllm_instance_block_size on both groups (or a smaller one on prefill).")
 
 
 def _check_model(rep: _Report, inv: _Inventory) -> None:
@@ -1077,7 +710,7 @@ def _check_quantization(rep: _Report, inv: _Inventory) -> None:
         method = _text(inst.settings.get("quantization"))
         if not method:
             continue
-        methods = launcher().QUANTIZATION_METHODS
+        methods = vocab.QUANTIZATION_METHODS
         if method not in methods:
             rep.add("quantization", inst.label, inst.variable("quantization"),
                     f"{_show(method)} is not a weight quantization method vLLM 0.32 knows.",
@@ -1094,7 +727,7 @@ def _check_capacity(rep: _Report, inv: _Inventory) -> None:
     for inst in inv.instances:
         s = inst.settings
         block = _to_int(s.get("block_size") or 0)
-        sizes = launcher().BLOCK_SIZES
+        sizes = vocab.BLOCK_SIZES
         if block is None or (block and block not in sizes):
             rep.add("capacity", inst.label, inst.variable("block_size"),
                     f"is {_show(s.get('block_size'))}; vLLM accepts {', '.join(map(str, sizes))} (0 = its default).",
@@ -1120,40 +753,51 @@ def _check_capacity(rep: _Report, inv: _Inventory) -> None:
 
 
 def _check_unsupported(rep: _Report, inv: _Inventory) -> None:
+    """Settings vLLM 0.32 does not have, and values of its vocabulary's settings it does not accept, in the
+    role's variables; anything else the launcher would refuse is reported by the launcher check."""
     for host, pub in inv.instance_pub.items():
         for variable, message in sorted((pub.get("unsupported") or {}).items()):
             rep.add("unsupported", host, variable, f"is set, but {_text(message).strip()}", f"remove {variable}.")
-    # In the launcher's words, but naming the role's variables; anything else the launcher would refuse is
-    # reported by the launcher check.
-    launch = launcher()
+    _check_kv_transfer_backend(rep, inv)
+    _check_kv_load_failure_policy(rep, inv)
+    _check_kv_cache_dtype(rep, inv)
+
+
+def _check_kv_transfer_backend(rep: _Report, inv: _Inventory) -> None:
     for host, pub in inv.instance_pub.items():
         backend = _text(pub.get("kv_transfer_backend"))
-        if backend not in launch.KV_TRANSFER_BACKENDS:
-            why = (launch.NCCL_REMOVED.split(";", 1)[0] + "." if "nccl" in backend.lower()
-                   else "vLLM 0.32 supports no such backend here.")
-            rep.add("unsupported", host, "vllm_instance_kv_transfer_backend", f"is {_show(backend)}: {why}",
-                    f"use {' or '.join(map(_show, launch.KV_TRANSFER_BACKENDS))} (NixlConnector: UCX over "
-                    "NVLink/RDMA/TCP), which works within a host and across hosts.")
-    # Checked on every instance, although only decode instances render it (a producer loads no KV): the
-    # role's argument spec refuses it on prefill hosts too.
-    policies = launch.KV_LOAD_FAILURE_POLICIES
+        if backend in vocab.KV_TRANSFER_BACKENDS:
+            continue
+        why = (vocab.NCCL_REMOVED.split(";", 1)[0] + "." if "nccl" in backend.lower()
+               else "vLLM 0.32 supports no such backend here.")
+        rep.add("unsupported", host, "vllm_instance_kv_transfer_backend", f"is {_show(backend)}: {why}",
+                f"use {' or '.join(map(_show, vocab.KV_TRANSFER_BACKENDS))} (NixlConnector: UCX over "
+                "NVLink/RDMA/TCP), which works within a host and across hosts.")
+
+
+def _check_kv_load_failure_policy(rep: _Report, inv: _Inventory) -> None:
+    """Checked on every instance, although only decode instances render it (a producer loads no KV): the
+    role's argument spec refuses it on prefill hosts too."""
+    policies = vocab.KV_LOAD_FAILURE_POLICIES
     for inst in inv.instances:
-        raw = _setting(inst, "kv_load_failure_policy")
+        raw = inst.setting("kv_load_failure_policy")
         if not isinstance(raw, str) or raw not in policies:
             rep.add("unsupported", inst.label, inst.variable("kv_load_failure_policy"),
                     f"is {_show(raw)}, not a KV load failure policy of vLLM 0.32 ({', '.join(policies)}).",
                     "use 'recompute' (a decode whose KV load from prefill fails computes the prompt itself) or "
                     "'fail' (the request fails with an error).")
+
+
+def _check_kv_cache_dtype(rep: _Report, inv: _Inventory) -> None:
     for inst in inv.instances:
         raw = _text(inst.settings.get("kv_cache_dtype") or "auto")
-        if raw in launch.KV_CACHE_DTYPES:
+        if raw in vocab.KV_CACHE_DTYPES:
             continue
-        match = launch.LOW_BIT_KV_RE.fullmatch(raw.strip().lower())
-        if match and int(match.group(1)) < 16:
-            bits = int(match.group(1))
-            what = f"is {_show(raw)}, but vLLM 0.32 has no {'8-bit integer' if bits == 8 else f'{bits}-bit'} KV cache."
+        refusal = vocab.kv_cache_dtype_refusal(raw)
+        if refusal:
+            what = f"is {_show(raw)}, but {refusal}."
         else:
-            what = f"is {_show(raw)}, not a KV cache dtype vLLM 0.32 supports ({', '.join(launch.KV_CACHE_DTYPES)})."
+            what = f"is {_show(raw)}, not a KV cache dtype vLLM 0.32 supports ({', '.join(vocab.KV_CACHE_DTYPES)})."
         rep.add("unsupported", inst.label, inst.variable("kv_cache_dtype"), what,
                 "use 'fp8' (half the memory of 16-bit KV) or 'auto'.")
 
@@ -1201,7 +845,7 @@ def _check_drain(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> None
     request of its max_model_len at the minimum generation speed. Prefill instances are not measured: their
     requests end after the prompt's prefill (the router asks them for one token), far faster than decode."""
     for inst in inv.instances:
-        raw = _setting(inst, "shutdown_timeout")
+        raw = inst.setting("shutdown_timeout")
         value = _to_int(raw)
         if value is None or value < 0:
             rep.add("drain", inst.label, inst.variable("shutdown_timeout"),
@@ -1215,7 +859,7 @@ def _check_drain(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> None
                     f"set the slowest generation speed to plan for (default {DEFAULT_MIN_TOKENS_PER_SECOND}).")
         return
     for inst in inv.instances:
-        timeout = _to_int(_setting(inst, "shutdown_timeout"))
+        timeout = _to_int(inst.setting("shutdown_timeout"))
         longest = inst.max_model_len
         if inst.group != "decode" or timeout is None or timeout < 0 or not longest:
             continue
@@ -1376,226 +1020,10 @@ def _check_booleans(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> N
 
 # --- the launcher's verdict on each instance's TOML ------------------------------------------------------
 
-# TOML key of templates/instance.toml.j2 -> where its value comes from: a variable, "setting:<key>" (a
-# per-instance setting: vllm_instance_<key>, or the instance's overrides.<key>) or "instance:<key>" (a
-# key of the instance's entry in vllm_instance_instances).
-TOML_SOURCES = {
-    "server": "vllm_instance_instances",
-    "server.host": "vllm_instance_bind_host",
-    "server.port": "instance:port",
-    "server.served_model_name": "vllm_instance_served_model_name",
-    "server.api_key_env": "vllm_instance_api_key",
-    "server.shutdown_timeout": "setting:shutdown_timeout",
-    "model": "vllm_instance_model",
-    "model.name": "vllm_instance_model",
-    "model.revision": "vllm_instance_model_revision",
-    "kv_cache.quant_dtype": "setting:kv_cache_dtype",
-    "kv_cache.memory_bytes": "setting:kv_cache_memory_bytes",
-    "pd_disaggregation": "vllm_instance_pd_role",
-    "pd_disaggregation.enabled": "vllm_instance_pd_role",
-    "pd_disaggregation.role": "vllm_instance_pd_role",
-    "pd_disaggregation.kv_transfer_backend": "vllm_instance_kv_transfer_backend",
-    "pd_disaggregation.kv_buffer_device": "setting:kv_buffer_device",
-    "pd_disaggregation.side_channel_host": "vllm_instance_host_address",
-    "pd_disaggregation.kv_transfer_port": "instance:kv_transfer_port",
-    "pd_disaggregation.kv_load_failure_policy": "setting:kv_load_failure_policy",
-    "cpu.omp_threads_bind": "instance:cpus",
-    "devices.cuda_visible_devices": "instance:gpus",
-    "environment": "setting:environment",
-    "extra": "setting:extra_args",
-}
-# The other keys of these sections are the per-instance settings of the same name.
-SETTING_SECTIONS = ("model", "kv_cache", "scheduler")
-UNPUBLISHED_DEFAULTS = {"environment": {}, "extra_args": []}
-
-
-def _jinja_int(value: Any) -> int:
-    """What Jinja's ``| int`` makes of a value (the template renders the TOML with it): 0 when it cannot."""
-    try:
-        return int(value, 10) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError, OverflowError):
-        try:
-            return int(float(value))
-        except (TypeError, ValueError, OverflowError):
-            return 0
-
-
-def _jinja_float(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def _jinja_bool(value: Any) -> bool:
-    """What Ansible's ``| bool`` makes of a value."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        value = value.strip().lower()
-    return value in ("yes", "on", "1", "true", 1, "y", "t")
-
-
-def _setting(inst: Instance, key: str) -> Any:
-    """A per-instance setting as the template sees it: the published one, else the role's default."""
-    return inst.settings.get(key, SETTING_DEFAULTS[key])
-
-
-def _host_var(inv: _Inventory, host: str, name: str) -> Any:
-    """A vllm_instance variable of a host as the template sees it: the host's, else the role's default."""
-    variables = inv.variables.get(host)
-    if variables is not None:
-        value, state = _var(variables, name)
-        if state == "set":
-            return value
-    return INSTANCE_DEFAULTS[name]
-
-
-def _unpublished(inv: _Inventory, inst: Instance, key: str) -> tuple[Any, str]:
-    """(value, variable) of environment or extra_args for one instance. publish.yml leaves them out (they may
-    carry site secrets), so they are read from the host's variables: the instance's overrides, else
-    vllm_instance_<key>, else the role's default. Plain data may carry them in the settings."""
-    if key in inst.settings:
-        return inst.settings[key], inst.variable(key)
-    variables = inv.variables.get(inst.host)
-    if variables is not None:
-        try:
-            entries, state = _var(variables, "vllm_instance_instances")
-            if state == "set" and isinstance(entries, (list, tuple)) and inst.index < len(entries):
-                entry = entries[inst.index]
-                overrides = entry.get("overrides") if isinstance(entry, Mapping) else None
-                if isinstance(overrides, Mapping) and key in overrides:
-                    return overrides[key], f"vllm_instance_instances[{inst.name}].overrides.{key}"
-        except Exception:  # noqa: BLE001 - an entry that cannot be resolved: the other checks say why
-            pass
-    name = f"vllm_instance_{key}"
-    return _host_var(inv, inst.host, name), name
-
-
-def _side_channel_host(inv: _Inventory, inst: Instance) -> str:
-    """What the template renders as side_channel_host: vllm_instance_host_address when the inventory sets it
-    (resolvable without facts), else the default route's address, which facts give at deploy time and which
-    is never empty (the published stand-in, else the host's name, represents it)."""
-    variables = inv.variables.get(inst.host)
-    if variables is not None:
-        address, state = _var(variables, "vllm_instance_host_address")
-        if state == "set":
-            return _text(address)
-    return _text(inst.published.get("host_address") or inst.published.get("address")) or inst.host
-
 
 def _launcher_config(inv: _Inventory, inst: Instance) -> tuple[dict[str, Any], dict[str, str], list[tuple[str, str]]]:
-    """The TOML the role would render for one instance (templates/instance.toml.j2, with its Jinja
-    conversions), where its environment and extra args come from, and what cannot be rendered at all."""
-    s, pub = inst.settings, inst.published
-    entries = pub.get("instances") or []
-    entry = entries[inst.index] if inst.index < len(entries) and isinstance(entries[inst.index], Mapping) else {}
-    server: dict[str, Any] = {
-        "host": _host_var(inv, inst.host, "vllm_instance_bind_host"),
-        "port": _jinja_int(inst.port),
-        "served_model_name": _text(pub.get("served_model_name")),
-    }
-    if pub.get("api_key_set") is True or _text(pub.get("api_key_set")).lower() == "true":
-        server["api_key_env"] = "VLLM_API_KEY"
-    server["shutdown_timeout"] = _jinja_int(_setting(inst, "shutdown_timeout"))
-    model = _text(pub.get("model"))
-    local = _jinja_bool(pub.get("model_is_local"))
-    dirname = (model.rstrip("/").rsplit("/", 1)[-1]) if local else model.replace("/", "--")
-    table: dict[str, Any] = {
-        "name": f"{_text(_host_var(inv, inst.host, 'vllm_instance_models_dir'))}/{dirname}",
-        "dtype": s.get("dtype", "auto"),
-    }
-    if _jinja_int(s.get("max_model_len")) > 0:
-        table["max_model_len"] = _jinja_int(s.get("max_model_len"))
-    if _text(s.get("quantization")):
-        table["quantization"] = s.get("quantization")
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        table[key] = _jinja_int(s.get(key, 1))
-    for key in ("enforce_eager", "trust_remote_code"):
-        table[key] = _jinja_bool(s.get(key, False))
-    kv: dict[str, Any] = {"quant_dtype": s.get("kv_cache_dtype", "auto")}
-    if _jinja_int(s.get("kv_cache_memory_bytes")) > 0:
-        kv["memory_bytes"] = _jinja_int(s.get("kv_cache_memory_bytes"))
-    else:
-        kv["gpu_memory_utilization"] = _jinja_float(s.get("gpu_memory_utilization", 0.9))
-    for key in ("num_gpu_blocks_override", "block_size"):
-        if _jinja_int(s.get(key)) > 0:
-            kv[key] = _jinja_int(s.get(key))
-    kv["enable_prefix_caching"] = _jinja_bool(s.get("enable_prefix_caching", True))
-    scheduler: dict[str, Any] = {}
-    for key in ("max_num_seqs", "max_num_batched_tokens"):
-        if _jinja_int(s.get(key)) > 0:
-            scheduler[key] = _jinja_int(s.get(key))
-    if s.get("enable_chunked_prefill") is not None:
-        scheduler["enable_chunked_prefill"] = _jinja_bool(s.get("enable_chunked_prefill"))
-    role = _text(pub.get("pd_role"))
-    pd: dict[str, Any] = {"enabled": role != "none"}
-    if role != "none":
-        # No peer lists (prefill_instances, decode_instances): the router alone keeps them, so the TOML of an
-        # instance does not change when a peer is added or removed.
-        pd.update(role=role, kv_transfer_backend=pub.get("kv_transfer_backend", "nixl"),
-                  kv_buffer_device=s.get("kv_buffer_device", "cuda"),
-                  side_channel_host=_side_channel_host(inv, inst),
-                  kv_transfer_port=_jinja_int(inst.kv_transfer_port))
-        if role == "decode":
-            pd["kv_load_failure_policy"] = _setting(inst, "kv_load_failure_policy")
-    config: dict[str, Any] = {"server": server, "model": table, "kv_cache": kv, "scheduler": scheduler,
-                              "pd_disaggregation": pd}
-    if inst.variant == "cpu":
-        config["cpu"] = {}
-        if "cpus" in entry and _text(entry["cpus"]):
-            config["cpu"]["omp_threads_bind"] = str(entry["cpus"])
-    gpus = entry.get("gpus") or []
-    if gpus:
-        config["devices"] = {"cuda_visible_devices": ",".join(
-            str(g) for g in (gpus if isinstance(gpus, (list, tuple, str)) else [gpus]))}
-    sources: dict[str, str] = {}
-    unrenderable: list[tuple[str, str]] = []
-    environment, sources["environment"] = _unpublished(inv, inst, "environment")
-    if isinstance(environment, Mapping):
-        if environment:
-            config["environment"] = {str(k): _text(v) for k, v in sorted(environment.items(), key=lambda i: str(i[0]))}
-    elif environment is not None:
-        unrenderable.append((sources["environment"], f"is {_kind(environment)}, not a mapping of NAME: value."))
-    args, sources["extra_args"] = _unpublished(inv, inst, "extra_args")
-    if isinstance(args, (list, tuple)):
-        if args:
-            config["extra"] = {"args": [_text(a) for a in args]}
-    elif args is not None:
-        unrenderable.append((sources["extra_args"], f"is {_kind(args)}, not a list of vLLM flags and values."))
-    return config, sources, unrenderable
-
-
-def _toml_variable(inst: Instance, key: str, sources: Mapping[str, str]) -> str:
-    """The inventory variable a TOML key (``section.key``, ``extra.args[2]``, ``environment.NAME``) comes from."""
-    key = re.sub(r"\[\d+\]$", "", key)
-    section = key.split(".", 1)[0]
-    source = TOML_SOURCES.get(key)
-    if source is None and section in SETTING_SECTIONS and "." in key:
-        source = "setting:" + key.split(".", 1)[1]
-    source = source or TOML_SOURCES.get(section) or "vllm_instance_instances"
-    kind, _sep, name = source.partition(":")
-    if not name:
-        return source
-    if kind == "instance":
-        return f"vllm_instance_instances[{inst.name}].{name}"
-    if name in sources:
-        return sources[name]
-    return inst.variable(name)
-
-
-def _toml_role_variable(key: str) -> str:
-    """The role variable a TOML key comes from, the same on every host (for a fix shared by many hosts)."""
-    section = key.split(".", 1)[0]
-    source = TOML_SOURCES.get(key)
-    if source is None and section in SETTING_SECTIONS:
-        source = "setting:" + key.split(".", 1)[1]
-    kind, _sep, name = (source or TOML_SOURCES.get(section) or "vllm_instance_instances").partition(":")
-    if not name:
-        return kind
-    if kind == "instance":
-        return f"vllm_instance_instances[*].{name}"
-    return f"vllm_instance_{name} (or an instance's overrides.{name})"
+    """The TOML the role would render for one instance (module_utils/_instance_toml.py), from its host's variables."""
+    return render(inst, inv.variables.get(inst.host))
 
 
 def _launcher_verdict(inv: _Inventory, inst: Instance) -> list[tuple[str, str, str]]:
@@ -1610,8 +1038,8 @@ def _launcher_verdict(inv: _Inventory, inst: Instance) -> list[tuple[str, str, s
         # A flag the launcher generates, in extra args: name the variable that renders its TOML key.
         owned = re.fullmatch(r"set ([a-z_]+\.[a-z_]+) in the TOML instead", fix)
         if owned:
-            fix = f"set {_toml_role_variable(owned[1])} instead (it renders {owned[1]})"
-        out.append((_toml_variable(inst, where, sources),
+            fix = f"set {toml_role_variable(owned[1])} instead (it renders {owned[1]})"
+        out.append((toml_variable(inst, where, sources),
                     f"the launcher on the host would refuse the instance's {where}: {what.rstrip('.')}.",
                     fix if fix.endswith(".") else fix + "."))
     return out

@@ -467,7 +467,7 @@ def transfer_config(config: dict) -> dict:
     return json.loads(args[args.index("--kv-transfer-config") + 1])
 
 
-@pytest.mark.parametrize("policy", launch.KV_LOAD_FAILURE_POLICIES)
+@pytest.mark.parametrize("policy", launch.VOCAB.KV_LOAD_FAILURE_POLICIES)
 def test_pd_kv_load_failure_policy_goes_into_the_consumers_transfer_config(policy):
     config = minimal(pd_disaggregation=pd(role="decode", kv_load_failure_policy=policy))
     assert transfer_config(config) == {"kv_buffer_device": "cuda", "kv_connector": "NixlConnector",
@@ -483,7 +483,7 @@ def test_pd_kv_load_failure_policy_absent_leaves_vllms_default():
     assert "kv_load_failure_policy" not in transfer_config(minimal(pd_disaggregation=pd(role="decode")))
 
 
-@pytest.mark.parametrize("policy", launch.KV_LOAD_FAILURE_POLICIES)
+@pytest.mark.parametrize("policy", launch.VOCAB.KV_LOAD_FAILURE_POLICIES)
 def test_pd_kv_load_failure_policy_is_accepted_and_ignored_on_a_producer(policy):
     config = minimal(pd_disaggregation=pd(role="prefill", kv_load_failure_policy=policy))
     assert problems_of(config) == []
@@ -593,9 +593,19 @@ def test_rejected_keys_are_rejected_even_with_valid_looking_values():
 # --------------------------------------------------------------------------- value checks
 
 
-@pytest.mark.parametrize("value", ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"])
+@pytest.mark.parametrize("value", ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"])
 def test_kv_cache_dtype_accepted(value):
     assert flags_of(minimal(kv_cache={"quant_dtype": value})) == ["--kv-cache-dtype", value]
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("fp8_inc", "fp8_inc is Intel Gaudi's FP8 KV cache (vLLM's HPU build)"),
+    ("fp8_ds_mla", "fp8_ds_mla is the FP8 KV layout of DeepSeek's sparse MLA models only"),
+])
+def test_kv_cache_dtypes_of_other_builds_and_layouts_are_refused_with_the_reason(value, why):
+    problem = only_problem(minimal(kv_cache={"quant_dtype": value}))
+    assert problem.startswith(f"kv_cache.quant_dtype: {why}")
+    assert problem.endswith("; use fp8 (halves KV memory vs 16-bit) or auto")
 
 
 @pytest.mark.parametrize(
@@ -622,7 +632,7 @@ def test_kv_cache_other_dtype_lists_choices():
     problem = only_problem(minimal(kv_cache={"quant_dtype": "float16"}))
     assert problem == (
         'kv_cache.quant_dtype: "float16" is not supported; use one of: "auto", "bfloat16", "fp8", '
-        '"fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"'
+        '"fp8_e4m3", "fp8_e5m2"'
     )
 
 
@@ -631,7 +641,7 @@ def test_choices_are_case_sensitive_with_a_hint():
     assert problem == 'kv_cache.quant_dtype: "FP8" is not supported (values are case-sensitive); write "fp8"'
 
 
-@pytest.mark.parametrize("value", list(launch.QUANTIZATION_METHODS))
+@pytest.mark.parametrize("value", list(launch.VOCAB.QUANTIZATION_METHODS))
 def test_quantization_methods_accepted(value):
     assert flags_of(minimal(model={"quantization": value})) == ["--quantization", value]
 
@@ -646,6 +656,12 @@ def test_quantization_unknown_lists_supported():
 @pytest.mark.parametrize("value", ["auto", "bfloat16", "float16", "float32", "half", "float"])
 def test_dtype_accepted(value):
     assert flags_of(minimal(model={"dtype": value})) == ["--dtype", value]
+
+
+@pytest.mark.parametrize(("value", "spelling"), [("bf16", "bfloat16"), ("fp16", "float16"), ("FP32", "float32")])
+def test_dtype_misspellings_name_the_spelling_vllm_accepts(value, spelling):
+    problem = only_problem(minimal(model={"dtype": value}))
+    assert problem == f'model.dtype: "{value}" is not a spelling vLLM\'s --dtype accepts; write "{spelling}"'
 
 
 def test_dtype_rejected():
@@ -1566,18 +1582,26 @@ def test_script_invalid_config_end_to_end(write_toml):
     assert result.stderr.startswith(f"{PREFIX}: {path}: server.port: must be an integer, got boolean true")
 
 
-def test_the_preflight_uses_this_launcher_and_keeps_no_copy_of_its_vocabulary():
-    # The launcher runs on hosts with the standard library only; the controller-side preflight loads it
-    # from the collection (tests/unit/test_launcher_agreement.py walks its values through the preflight).
+def test_the_preflight_and_this_launcher_read_one_vocabulary_module():
+    # The launcher runs on hosts with the standard library only; it reads the collection's vocabulary
+    # module (beside it on a host, plugins/module_utils/ here), which the controller-side preflight imports.
     from ansible_collections.inferops.vllm.plugins.filter import preflight
+    from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary
 
     assert Path(preflight.launcher().__file__).resolve() == LAUNCHER
-    for name in ("DTYPES", "QUANTIZATION_METHODS", "KV_CACHE_DTYPES", "BLOCK_SIZES", "DEFAULT_BLOCK_SIZE",
-                 "DEFAULT_BLOCK_SIZES", "KV_TRANSFER_BACKENDS", "KV_BUFFER_DEVICES", "LOW_BIT_KV_RE", "DTYPE_ALIASES"):
+    assert preflight.vocab is _vllm_vocabulary and preflight.launcher().VOCAB is _vllm_vocabulary
+    assert Path(launch.VOCAB.__file__).resolve() == Path(_vllm_vocabulary.__file__).resolve()
+    assert launch.VOCABULARY_MODULE == preflight.VOCABULARY_MODULE
+    for name in ("DTYPES", "QUANTIZATION_METHODS", "KV_CACHE_DTYPES", "BLOCK_SIZES", "DEFAULT_BLOCK_SIZES",
+                 "KV_TRANSFER_BACKENDS", "KV_BUFFER_DEVICES", "LOW_BIT_KV_RE", "DTYPE_SYNONYMS", "AUTO_DTYPES",
+                 "KV_LOAD_FAILURE_POLICIES", "CHECKPOINT_DTYPES", "DTYPE_BYTES"):
         assert not hasattr(preflight, name), name
-    source = (LAUNCHER.parents[3] / "plugins" / "filter" / "preflight.py").read_text(encoding="utf-8")
-    for value in ('"compressed-tensors"', '"fp8_e5m2"', "(1, 8, 16, 32, 64, 128)", '"experts_int8"'):
-        assert value not in source, value
+        assert not hasattr(launch, name), name
+    sources = [(LAUNCHER.parents[3] / "plugins" / "filter" / "preflight.py").read_text(encoding="utf-8"),
+               LAUNCHER.read_text(encoding="utf-8")]
+    for source in sources:
+        for value in ('"compressed-tensors"', '"fp8_e5m2"', "(1, 8, 16, 32, 64, 128)", '"experts_int8"'):
+            assert value not in source, value
 
 
 # --------------------------------------------------------------------------- vocabulary: resolved values
@@ -1597,7 +1621,7 @@ def test_the_preflight_uses_this_launcher_and_keeps_no_copy_of_its_vocabulary():
     ("bfloat16", "float16", "bfloat16"),
 ])
 def test_resolve_dtype(dtype, checkpoint, resolved):
-    assert launch.resolve_dtype(dtype, checkpoint) == resolved
+    assert launch.VOCAB.resolve_dtype(dtype, checkpoint) == resolved
 
 
 @pytest.mark.parametrize(("kv", "model", "resolved"), [
@@ -1611,7 +1635,7 @@ def test_resolve_dtype(dtype, checkpoint, resolved):
     ("bfloat16", "float16", "bfloat16"),
 ])
 def test_resolve_kv_cache_dtype(kv, model, resolved):
-    assert launch.resolve_kv_cache_dtype(kv, model) == resolved
+    assert launch.VOCAB.resolve_kv_cache_dtype(kv, model) == resolved
 
 
 @pytest.mark.parametrize(("block", "variant", "resolved"), [
@@ -1619,12 +1643,12 @@ def test_resolve_kv_cache_dtype(kv, model, resolved):
     (0, "rocm", 16),
 ])
 def test_resolve_block_size(block, variant, resolved):
-    assert launch.resolve_block_size(block, variant) == resolved
+    assert launch.VOCAB.resolve_block_size(block, variant) == resolved
 
 
 def test_vocabulary_resolves_into_itself():
-    assert set(launch.DEFAULT_BLOCK_SIZES.values()) <= set(launch.BLOCK_SIZES)
-    assert set(launch.DTYPE_SYNONYMS) | set(launch.DTYPE_SYNONYMS.values()) <= set(launch.DTYPES)
-    assert set(launch.AUTO_DTYPES.values()) <= set(launch.DTYPES)
-    kv_synonyms = set(launch.KV_CACHE_DTYPE_SYNONYMS) | set(launch.KV_CACHE_DTYPE_SYNONYMS.values())
-    assert kv_synonyms <= set(launch.KV_CACHE_DTYPES)
+    assert set(launch.VOCAB.DEFAULT_BLOCK_SIZES.values()) <= set(launch.VOCAB.BLOCK_SIZES)
+    assert set(launch.VOCAB.DTYPE_SYNONYMS) | set(launch.VOCAB.DTYPE_SYNONYMS.values()) <= set(launch.VOCAB.DTYPES)
+    assert set(launch.VOCAB.AUTO_DTYPES.values()) <= set(launch.VOCAB.DTYPES)
+    kv_synonyms = set(launch.VOCAB.KV_CACHE_DTYPE_SYNONYMS) | set(launch.VOCAB.KV_CACHE_DTYPE_SYNONYMS.values())
+    assert kv_synonyms <= set(launch.VOCAB.KV_CACHE_DTYPES)

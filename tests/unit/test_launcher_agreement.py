@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import se
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
+VOCABULARY_FILE = REPO / "plugins" / "module_utils" / "_vllm_vocabulary.py"
 
 
 def _import_launcher():
@@ -109,14 +111,14 @@ REFUSED_SAMPLES = {
     "shutdown_timeout": [-1, -60],
 }
 VOCABULARY = {
-    "dtype": ("model", "dtype", launch.DTYPES),
-    "quantization": ("model", "quantization", launch.QUANTIZATION_METHODS),
-    "kv_cache_dtype": ("kv_cache", "quant_dtype", launch.KV_CACHE_DTYPES),
-    "block_size": ("kv_cache", "block_size", launch.BLOCK_SIZES),
-    "kv_buffer_device": ("pd_disaggregation", "kv_buffer_device", launch.KV_BUFFER_DEVICES),
-    "kv_transfer_backend": ("pd_disaggregation", "kv_transfer_backend", tuple(launch.KV_TRANSFER_BACKENDS)),
+    "dtype": ("model", "dtype", launch.VOCAB.DTYPES),
+    "quantization": ("model", "quantization", launch.VOCAB.QUANTIZATION_METHODS),
+    "kv_cache_dtype": ("kv_cache", "quant_dtype", launch.VOCAB.KV_CACHE_DTYPES),
+    "block_size": ("kv_cache", "block_size", launch.VOCAB.BLOCK_SIZES),
+    "kv_buffer_device": ("pd_disaggregation", "kv_buffer_device", launch.VOCAB.KV_BUFFER_DEVICES),
+    "kv_transfer_backend": ("pd_disaggregation", "kv_transfer_backend", tuple(launch.VOCAB.KV_TRANSFER_BACKENDS)),
     "gpu_memory_utilization": ("kv_cache", "gpu_memory_utilization", (0.05, 0.5, 0.9, 1.0)),
-    "kv_load_failure_policy": ("pd_disaggregation", "kv_load_failure_policy", launch.KV_LOAD_FAILURE_POLICIES),
+    "kv_load_failure_policy": ("pd_disaggregation", "kv_load_failure_policy", launch.VOCAB.KV_LOAD_FAILURE_POLICIES),
     "shutdown_timeout": ("server", "shutdown_timeout", (0, 1, 60, 86400)),
 }
 # Settings only decode instances render (a producer loads no KV): the role's preflight of a prefill host
@@ -361,9 +363,11 @@ def test_block_size_parity_applies_the_default_of_each_build(prefill, decode, pr
         assert len(lines) == 1 and problem in lines[0], lines
 
 
-def test_the_defaults_come_from_the_launcher(monkeypatch):
-    """Change the launcher's vocabulary and the preflight follows: it has no copy of its own."""
-    loaded = pf.launcher()
+def test_the_defaults_come_from_the_vocabulary(monkeypatch):
+    """Change the vocabulary and the preflight follows: it has no copy of its own, and the launcher it runs
+    reads the same module."""
+    loaded = pf.vocab
+    assert pf.launcher().VOCAB is loaded
     both = {"prefill": {"variant": "cuda", "block_size": 0}, "decode": {"variant": "cuda", "block_size": 32}}
     assert parity(pf.pd_preflight(*hostvars(**both)), "vllm_instance_block_size") == []
     monkeypatch.setitem(loaded.DEFAULT_BLOCK_SIZES, "cuda", 64)
@@ -463,28 +467,21 @@ def test_pd_preflight_checks_the_client_keys_without_showing_them():
     assert "short-KEY" not in "\n".join(lines) and "space" not in "\n".join(lines)
 
 
-# --- one vocabulary, wherever it is written down -------------------------------------------------------
-
-
-def test_the_roles_argument_spec_lists_the_launchers_vocabulary():
-    specs = yaml.safe_load((REPO / "roles" / "vllm_instance" / "meta" / "argument_specs.yml").read_text())
-    options = specs["argument_specs"]["main"]["options"]
-    assert tuple(options["vllm_instance_dtype"]["choices"]) == launch.DTYPES
-    assert tuple(options["vllm_instance_kv_cache_dtype"]["choices"]) == launch.KV_CACHE_DTYPES
-    assert tuple(options["vllm_instance_kv_buffer_device"]["choices"]) == launch.KV_BUFFER_DEVICES
-    assert tuple(options["vllm_instance_kv_transfer_backend"]["choices"]) == tuple(launch.KV_TRANSFER_BACKENDS)
-    assert tuple(options["vllm_instance_kv_load_failure_policy"]["choices"]) == launch.KV_LOAD_FAILURE_POLICIES
-    assert "choices" not in options["vllm_instance_quantization"]  # the launcher's list decides
+# --- one vocabulary, wherever it is written down (the argument spec: tests/unit/test_vocabulary.py) --------
 
 
 def test_the_launcher_is_found_in_an_installed_collection(tmp_path, monkeypatch):
     """ansible-galaxy installs the collection as ansible_collections/inferops/vllm/ with roles/ beside
-    plugins/: the preflight finds the launcher there (a copy, no symlink back to this checkout)."""
+    plugins/: the preflight finds the launcher there, and the launcher its vocabulary in plugins/module_utils/
+    (copies, no symlink back to this checkout)."""
     root = tmp_path / "ansible_collections" / "inferops" / "vllm"
-    for relative in ("plugins/filter/preflight.py", "roles/vllm_instance/files/inferops_vllm_launch.py"):
+    relatives = ["plugins/filter/preflight.py", "roles/vllm_instance/files/inferops_vllm_launch.py",
+                 *(str(p.relative_to(REPO)) for p in (REPO / "plugins" / "module_utils").glob("_*.py"))]
+    for relative in relatives:
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / relative).write_bytes((REPO / relative).read_bytes())
     monkeypatch.setitem(sys.modules, pf.LAUNCHER_MODULE, sys.modules.get(pf.LAUNCHER_MODULE))
+    monkeypatch.setitem(sys.modules, pf.VOCABULARY_MODULE, sys.modules.get(pf.VOCABULARY_MODULE))
     spec = importlib.util.spec_from_file_location("installed_preflight", root / "plugins" / "filter" / "preflight.py")
     installed = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "installed_preflight", installed)
@@ -495,3 +492,20 @@ def test_the_launcher_is_found_in_an_installed_collection(tmp_path, monkeypatch)
     installed.launcher.cache_clear()
     with pytest.raises(ImportError, match="the collection is incomplete"):
         installed.launcher()
+
+
+def test_the_launcher_finds_its_vocabulary_beside_it_as_on_a_host(tmp_path, monkeypatch):
+    """On a host the launcher and the vocabulary are two files in one directory (configure.yml copies both)."""
+    for path in (LAUNCHER, VOCABULARY_FILE):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    monkeypatch.delitem(sys.modules, pf.VOCABULARY_MODULE, raising=False)
+    (tmp_path / "config.toml").write_text('[server]\nport = 8100\n[model]\nname = "m"\ndtype = "bf16"\n',
+                                          encoding="utf-8")
+    result = subprocess.run([sys.executable, "-I", str(tmp_path / LAUNCHER.name), "--check", "--config",
+                             str(tmp_path / "config.toml")], capture_output=True, text=True, check=False)
+    assert result.returncode == 2, result.stderr
+    assert 'model.dtype: "bf16" is not a spelling vLLM\'s --dtype accepts; write "bfloat16"' in result.stderr
+    (tmp_path / VOCABULARY_FILE.name).unlink()
+    result = subprocess.run([sys.executable, "-I", str(tmp_path / LAUNCHER.name), "--check", "--config",
+                             str(tmp_path / "config.toml")], capture_output=True, text=True, check=False)
+    assert result.returncode != 0 and "the vocabulary _vllm_vocabulary.py is not at" in result.stderr

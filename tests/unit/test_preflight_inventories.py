@@ -266,8 +266,10 @@ ROLE_RUNS = {
     "secret_args": {"TEST_INSTANCE_KEY": "good-instance-key-000001",
                     "TEST_EXTRA_ARGS": '["--max-log-len", "100", "--hf-token=hf_ROLE_SECRET"]',
                     "TEST_KV_CACHE_DTYPE": "auto"},
-    # Values of the launcher's vocabulary the old role lists lacked (fp8_inc) pass.
-    "good": {"TEST_INSTANCE_KEY": "", "TEST_EXTRA_ARGS": '["--max-log-len", "100"]', "TEST_KV_CACHE_DTYPE": "fp8_inc"},
+    # Values of the vocabulary the old role lists lacked pass.
+    "good": {"TEST_INSTANCE_KEY": "", "TEST_EXTRA_ARGS": '["--max-log-len", "100"]', "TEST_KV_CACHE_DTYPE": "fp8_e5m2"},
+    # A value the argument spec's choices used to refuse with "must be one of": the preflight says why.
+    "int4_kv": {"TEST_INSTANCE_KEY": "", "TEST_EXTRA_ARGS": "[]", "TEST_KV_CACHE_DTYPE": "int4"},
 }
 
 
@@ -312,3 +314,13 @@ def test_the_roles_preflight_refuses_what_the_launcher_would_without_showing_sec
 def test_the_roles_preflight_accepts_what_the_launcher_accepts(role_runs):
     run = role_runs["good"]
     assert run.returncode == 0, _output(run)
+
+
+def test_the_roles_preflight_says_why_a_kv_cache_dtype_is_refused(role_runs):
+    """No `choices` in the argument spec hides the preflight's message behind "must be one of"."""
+    run = role_runs["int4_kv"]
+    output = _output(run)
+    assert run.returncode != 0, output
+    assert "value of vllm_instance_kv_cache_dtype must be one of" not in output, output
+    assert re.search(r"\[launcher\] localhost/vllm-0: vllm_instance_kv_cache_dtype: the launcher on the host would "
+                     r"refuse the instance's kv_cache\.quant_dtype: vLLM 0\.32 has no 4-bit KV cache", output), output

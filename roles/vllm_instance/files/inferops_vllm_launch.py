@@ -57,18 +57,18 @@ table order, then ``extra.args`` verbatim)::
                                       TimeoutStopSec above N + ORPHAN_GRACE_SECONDS)
     model.name                        positional model argument (required)
     model.revision                    --revision
-    model.dtype                       --dtype                    (auto, bfloat16, float16, float32, half, float)
+    model.dtype                       --dtype                    (see VOCAB.DTYPES)
     model.max_model_len               --max-model-len            (> 0)
-    model.quantization                --quantization             (see QUANTIZATION_METHODS)
+    model.quantization                --quantization             (see VOCAB.QUANTIZATION_METHODS)
     model.tensor_parallel_size        --tensor-parallel-size     (>= 1)
     model.pipeline_parallel_size      --pipeline-parallel-size   (>= 1)
     model.enforce_eager               --enforce-eager            (only when true)
     model.trust_remote_code           --trust-remote-code        (only when true)
-    kv_cache.quant_dtype              --kv-cache-dtype           (see KV_CACHE_DTYPES)
+    kv_cache.quant_dtype              --kv-cache-dtype           (see VOCAB.KV_CACHE_DTYPES)
     kv_cache.memory_bytes             --kv-cache-memory-bytes    (> 0; not with gpu_memory_utilization)
     kv_cache.gpu_memory_utilization   --gpu-memory-utilization   (0 < x <= 1)
     kv_cache.num_gpu_blocks_override  --num-gpu-blocks-override  (> 0)
-    kv_cache.block_size               --block-size               (1, 8, 16, 32, 64, 128)
+    kv_cache.block_size               --block-size               (see VOCAB.BLOCK_SIZES)
     kv_cache.enable_prefix_caching    --enable-prefix-caching / --no-enable-prefix-caching
     scheduler.max_num_seqs            --max-num-seqs             (> 0)
     scheduler.max_num_batched_tokens  --max-num-batched-tokens   (> 0)
@@ -78,7 +78,7 @@ table order, then ``extra.args`` verbatim)::
                                       (role prefill -> kv_producer, decode -> kv_consumer;
                                       kv_transfer_backend must be "nixl"; kv_buffer_device cuda|cpu)
     pd_disaggregation.kv_load_failure_policy  "kv_load_failure_policy" in that JSON, for role decode only
-                                      (see KV_LOAD_FAILURE_POLICIES: "recompute" = a decode whose KV load
+                                      (see VOCAB.KV_LOAD_FAILURE_POLICIES: "recompute" = a decode whose KV load
                                       fails computes the prompt itself, "fail" = the request fails, vLLM's
                                       default when the key is absent).  Accepted and ignored for role
                                       prefill: a producer loads no KV.
@@ -100,20 +100,17 @@ table order, then ``extra.args`` verbatim)::
                                       is logged and visible in ps), in any spelling vLLM accepts
 
 Rejected keys (removed or never-existing vLLM features) are reported with the
-replacement to use; see REJECTED_KEYS.
+replacement to use; see REJECTED_KEYS (VOCAB.REMOVED_SETTINGS and a literal server.api_key).
 
-Vocabulary: the constants below (DTYPES, QUANTIZATION_METHODS, KV_CACHE_DTYPES,
-BLOCK_SIZES, KV_BUFFER_DEVICES, KV_TRANSFER_BACKENDS, KV_LOAD_FAILURE_POLICIES,
-RESERVED_FLAGS, ...) and the resolve_* functions (what vLLM makes of ``auto`` and of
-an unset block size) are the single source of what is accepted: the collection's
-controller-side preflight (plugins/filter/preflight.py) loads this file and runs
-validate() on the config every instance would get, so it refuses exactly what the
-launcher refuses.
+Vocabulary: what vLLM accepts (DTYPES, QUANTIZATION_METHODS, KV_CACHE_DTYPES, BLOCK_SIZES,
+KV_BUFFER_DEVICES, KV_TRANSFER_BACKENDS, KV_LOAD_FAILURE_POLICIES, REMOVED_SETTINGS, ...) is not in
+this file: it is the collection's plugins/module_utils/_vllm_vocabulary.py (VOCAB here), which the
+vllm_instance role installs beside this file and the controller-side preflight
+(plugins/filter/preflight.py) imports. This file keeps the rules of its own TOML: types and ranges,
+and what the free-form extra.args and [environment] may not set (RESERVED_FLAGS, the flags and
+variables the launcher generates, secret-bearing flags).
 
 Python API (used by the unit tests):
-    resolve_dtype(dtype, checkpoint_dtype)        the weight dtype vLLM runs with (None: unknown)
-    resolve_kv_cache_dtype(kv, model_dtype)       the KV cache dtype vLLM stores (None: unknown)
-    resolve_block_size(block_size, variant)       tokens per KV block ("cpu" or "cuda" build)
     validate(config, environ=None) -> list[str]   all problems; environment-dependent
                                                   checks run only when environ is given
     build(config, environ) -> (args, env)         args: the argv *without* the executable,
@@ -128,6 +125,7 @@ Python API (used by the unit tests):
 import argparse
 import ctypes
 import difflib
+import importlib.util
 import json
 import os
 import re
@@ -150,6 +148,32 @@ except ModuleNotFoundError:  # Python 3.10
 
 PROG = "inferops-vllm-launch"
 
+# What vLLM accepts is not listed here: it is the collection's vocabulary module, the one the
+# controller-side preflight reads. The vllm_instance role copies it beside this file; in a checkout or
+# an installed collection it is plugins/module_utils/ of the collection (three directories up).
+VOCABULARY_FILE = "_vllm_vocabulary.py"
+VOCABULARY_MODULE = "_inferops_vllm_vocabulary"
+
+
+def _load_vocabulary() -> Any:
+    """The vocabulary module: one already loaded under VOCABULARY_MODULE (the preflight registers its
+    own, so a process has one vocabulary), else the file beside this one or in the collection."""
+    loaded = sys.modules.get(VOCABULARY_MODULE)
+    if loaded is not None:
+        return loaded
+    here = Path(os.path.abspath(__file__)).parent
+    candidates = (here / VOCABULARY_FILE, here.parents[2] / "plugins" / "module_utils" / VOCABULARY_FILE)
+    for path in filter(Path.is_file, candidates):
+        spec = importlib.util.spec_from_file_location(VOCABULARY_MODULE, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return sys.modules.setdefault(VOCABULARY_MODULE, module)
+    raise ImportError(f"{PROG}: the vocabulary {VOCABULARY_FILE} is not at {' or '.join(map(str, candidates))}; "
+                      "reinstall the launcher with the vllm_instance role, which copies both")
+
+
+VOCAB = _load_vocabulary()
+
 EXIT_OK = 0
 EXIT_NO_TOML_PARSER = 1
 EXIT_CONFIG = 2
@@ -163,40 +187,6 @@ ORPHAN_GRACE_SECONDS = 5.0
 VLLM_DEFAULT_PORT = 8000  # what vLLM listens on when server.port is not set
 API_KEY_VAR = "VLLM_API_KEY"  # the variable vLLM itself reads
 REDACTED = "<redacted>"
-
-DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
-QUANTIZATION_METHODS = (
-    "awq",
-    "gptq",
-    "bitsandbytes",
-    "fp8",
-    "compressed-tensors",
-    "gguf",
-    "awq_marlin",
-    "gptq_marlin",
-    "marlin",
-    "experts_int8",
-    "modelopt",
-    "mxfp4",
-)
-KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-# vLLM's block size when --block-size is not given (the launcher then passes none): CacheConfig's
-# DEFAULT_BLOCK_SIZE (16) on GPUs, 128 on the CPU build (vllm/platforms/cpu.py), by vLLM build.
-DEFAULT_BLOCK_SIZES = {"cuda": 16, "cpu": 128}
-# Spellings vLLM treats as the same dtype.
-DTYPE_SYNONYMS = {"half": "float16", "float": "float32"}
-KV_CACHE_DTYPE_SYNONYMS = {"fp8": "fp8_e4m3"}
-# --dtype auto by checkpoint dtype (config.json torch_dtype): vLLM keeps 16-bit checkpoints as they
-# are and downcasts float32 ones to the platform's preferred dtype, bfloat16 on GPUs since Ampere
-# and on x86/aarch64 CPUs (vllm/config/model.py _resolve_auto_dtype).
-AUTO_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "bfloat16"}
-PD_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
-KV_TRANSFER_BACKENDS = {"nixl": "NixlConnector"}
-KV_BUFFER_DEVICES = ("cuda", "cpu")
-# What a decode (kv_consumer) does when loading a request's KV from prefill fails: vLLM 0.32's
-# KVTransferConfig.kv_load_failure_policy (vllm/config/kv_transfer.py; "fail" is vLLM's default).
-KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
 ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 # The log shows the values of these variables only; every other value is <redacted> (an
@@ -215,8 +205,6 @@ URL_CREDENTIALS_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*@")
 # vLLM flags that carry a secret on the command line (which the launcher logs and ps shows): the
 # named ones, and any other --*-key / --*-token / --*-secret / --*-password.
 SECRET_FLAG_RE = re.compile(r"--(?:[a-z0-9]+-)*(?:key|token|secret|password|passwd)")
-# "2bit", "int4", "4-bit", "q4", "nvfp4", "8" ...: integer/low-bit KV cache formats vLLM does not have.
-LOW_BIT_KV_RE = re.compile(r"(?:u?int|i|q|nf|(?:nv|mx)?fp)?[-_]?(\d{1,2})(?:[-_ ]?(?:bits?|b))?")
 
 
 @dataclass(frozen=True)
@@ -244,20 +232,20 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
         "name": Key("str"),
         "revision": Key("str", flag="--revision"),
-        "dtype": Key("str", flag="--dtype", choices=DTYPES),
+        "dtype": Key("str", flag="--dtype", choices=VOCAB.DTYPES),
         "max_model_len": Key("int", flag="--max-model-len", minimum=1),
-        "quantization": Key("str", flag="--quantization", choices=QUANTIZATION_METHODS),
+        "quantization": Key("str", flag="--quantization", choices=VOCAB.QUANTIZATION_METHODS),
         "tensor_parallel_size": Key("int", flag="--tensor-parallel-size", minimum=1),
         "pipeline_parallel_size": Key("int", flag="--pipeline-parallel-size", minimum=1),
         "enforce_eager": Key("bool", flag="--enforce-eager"),
         "trust_remote_code": Key("bool", flag="--trust-remote-code"),
     },
     "kv_cache": {
-        "quant_dtype": Key("str", flag="--kv-cache-dtype", choices=KV_CACHE_DTYPES),
+        "quant_dtype": Key("str", flag="--kv-cache-dtype", choices=VOCAB.KV_CACHE_DTYPES),
         "memory_bytes": Key("int", flag="--kv-cache-memory-bytes", minimum=1),
         "gpu_memory_utilization": Key("fraction", flag="--gpu-memory-utilization"),
         "num_gpu_blocks_override": Key("int", flag="--num-gpu-blocks-override", minimum=1),
-        "block_size": Key("int", flag="--block-size", choices=BLOCK_SIZES),
+        "block_size": Key("int", flag="--block-size", choices=VOCAB.BLOCK_SIZES),
         "enable_prefix_caching": Key("bool", flag="--enable-prefix-caching", negatable=True),
     },
     "scheduler": {
@@ -267,10 +255,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "pd_disaggregation": {
         "enabled": Key("bool"),
-        "role": Key("str", choices=tuple(PD_ROLES)),
-        "kv_transfer_backend": Key("str", choices=tuple(KV_TRANSFER_BACKENDS)),
-        "kv_buffer_device": Key("str", choices=KV_BUFFER_DEVICES),
-        "kv_load_failure_policy": Key("str", choices=KV_LOAD_FAILURE_POLICIES),
+        "role": Key("str", choices=tuple(VOCAB.PD_ROLES)),
+        "kv_transfer_backend": Key("str", choices=tuple(VOCAB.KV_TRANSFER_BACKENDS)),
+        "kv_buffer_device": Key("str", choices=VOCAB.KV_BUFFER_DEVICES),
+        "kv_load_failure_policy": Key("str", choices=VOCAB.KV_LOAD_FAILURE_POLICIES),
         "side_channel_host": Key("str", env="VLLM_NIXL_SIDE_CHANNEL_HOST"),
         "kv_transfer_port": Key("int", env="VLLM_NIXL_SIDE_CHANNEL_PORT", minimum=1, maximum=65535),
         "prefill_instances": Key("url_list"),
@@ -291,37 +279,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
 REQUIRED_SECTIONS = ("server", "model")
 FLAG_SECTIONS = ("server", "model", "kv_cache", "scheduler")
 
-_KV_SIZING = 'bound KV memory with kv_cache.memory_bytes or gpu_memory_utilization, shrink it with quant_dtype = "fp8"'
 REJECTED_KEYS: dict[tuple[str, str], str] = {
     ("server", "api_key"): (
         "a literal API key is not allowed in the TOML (it would leak into logs and process listings); "
         "put the key in the EnvironmentFile and name it with api_key_env"
     ),
-    ("model", "quantization_bits"): (
-        "the bit width comes from the quantized checkpoint; vLLM has no such flag: "
-        "use a pre-quantized (AWQ/GPTQ) model and set model.quantization"
-    ),
-    ("kv_cache", "enable_token_eviction"): (
-        "token eviction is not in vLLM 0.32 (the KV cache is paged; preempted requests are recomputed); "
-        f"{_KV_SIZING}, or cap model.max_model_len"
-    ),
-    ("kv_cache", "eviction_ratio"): (
-        "token eviction is not in vLLM 0.32 (the KV cache is paged; preempted requests are recomputed); "
-        f"{_KV_SIZING}, or cap model.max_model_len"
-    ),
-    ("kv_cache", "swap_space"): (
-        "--swap-space was removed from vLLM; preempted requests are recomputed. "
-        "Use kv_cache.memory_bytes / gpu_memory_utilization to size the KV cache (or CPU offloading via extra args)"
-    ),
-    ("kv_cache", "calculate_kv_scales"): (
-        "removed from vLLM; fp8 KV scales come from the checkpoint or default to 1.0: delete this key"
-    ),
+    **{(section, key): why for key, (section, why) in VOCAB.REMOVED_SETTINGS.items()},
 }
-
-NCCL_REMOVED = (
-    'the P2pNcclConnector (nccl backend) was removed from vLLM; use kv_transfer_backend = "nixl" '
-    "(NixlConnector, UCX over RDMA/TCP), which works within and across hosts"
-)
 
 # vLLM short aliases for flags the launcher owns.
 SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
@@ -376,33 +340,6 @@ def _env_owners() -> dict[str, str]:
 
 FLAG_OWNERS = _flag_owners()
 ENV_OWNERS = _env_owners()
-
-
-def resolve_dtype(dtype: str | None, checkpoint_dtype: str | None) -> str | None:
-    """The weight dtype vLLM runs with for model.dtype (None or "" = auto) and the checkpoint's
-    dtype (config.json torch_dtype); None when it is auto and the checkpoint's dtype is unknown."""
-    dtype = dtype or "auto"
-    if dtype == "auto":
-        checkpoint = DTYPE_SYNONYMS.get(checkpoint_dtype or "", checkpoint_dtype)
-        return AUTO_DTYPES.get(checkpoint or "")
-    return DTYPE_SYNONYMS.get(dtype, dtype)
-
-
-def resolve_kv_cache_dtype(kv_cache_dtype: str | None, model_dtype: str | None) -> str | None:
-    """The dtype vLLM stores the KV cache in: kv_cache.quant_dtype (None or "" = auto), auto being the
-    resolved weight dtype (resolve_dtype); None when that is unknown."""
-    kv_cache_dtype = kv_cache_dtype or "auto"
-    if kv_cache_dtype == "auto":
-        return model_dtype
-    return KV_CACHE_DTYPE_SYNONYMS.get(kv_cache_dtype, kv_cache_dtype)
-
-
-def resolve_block_size(block_size: int | None, variant: str = "cuda") -> int:
-    """Tokens per KV block: kv_cache.block_size, or vLLM's default for the build ("cuda" or "cpu")
-    when it is not set (None or 0)."""
-    if block_size:
-        return block_size
-    return DEFAULT_BLOCK_SIZES.get(variant, DEFAULT_BLOCK_SIZES["cuda"])
 
 
 class ConfigError(Exception):
@@ -513,14 +450,14 @@ def _choice_problem(where: str, value: Any, choices: Sequence[Any]) -> str:
     if isinstance(value, str) and value.strip().lower() in choices:
         fixed = _toml(value.strip().lower())
         return f"{where}: {_toml(value)} is not supported (values are case-sensitive); write {fixed}"
-    if where == "kv_cache.quant_dtype" and isinstance(value, str):
-        match = LOW_BIT_KV_RE.fullmatch(value.strip().lower())
-        if match and int(match.group(1)) < 16:
-            bits = int(match.group(1))
-            label = "8-bit integer" if bits == 8 else f"{bits}-bit"
-            return f"{where}: vLLM 0.32 has no {label} KV cache; use fp8 (halves KV memory vs 16-bit) or auto"
+    if where == "model.dtype" and isinstance(value, str) and value.strip().lower() in VOCAB.DTYPE_MISSPELLINGS:
+        fixed = _toml(VOCAB.DTYPE_MISSPELLINGS[value.strip().lower()])
+        return f"{where}: {_toml(value)} is not a spelling vLLM's --dtype accepts; write {fixed}"
+    refusal = VOCAB.kv_cache_dtype_refusal(value) if where == "kv_cache.quant_dtype" else None
+    if refusal:
+        return f"{where}: {refusal}; use fp8 (halves KV memory vs 16-bit) or auto"
     if where == "pd_disaggregation.kv_transfer_backend" and isinstance(value, str) and "nccl" in value.lower():
-        return f"{where}: {NCCL_REMOVED}"
+        return f"{where}: {VOCAB.NCCL_REMOVED}"
     if where == "model.quantization":
         return f"{where}: {_toml(value)} is not a supported weight quantization method; use one of: {listed}"
     return f"{where}: {_toml(value)} is not supported; use one of: {listed}"
@@ -531,6 +468,18 @@ def _check_string(where: str, value: str) -> list[str]:
         return [f"{where}: must not be empty; set a value or remove the key"]
     if "\0" in value:
         return [f"{where}: must not contain NUL characters; remove them"]
+    return []
+
+
+def _check_int(where: str, spec: Key, value: Any) -> list[str]:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return [_type_problem(where, "int", value)]
+    if spec.choices and value not in spec.choices:
+        return [_choice_problem(where, value, spec.choices)]
+    low, high = spec.minimum, spec.maximum
+    if (low is not None and value < low) or (high is not None and value > high):
+        wanted = f"an integer >= {low}" if high is None else f"an integer between {low} and {high}"
+        return [f"{where}: {value} is out of range; use {wanted}"]
     return []
 
 
@@ -554,18 +503,7 @@ def _check_value(where: str, spec: Key, value: Any) -> list[str]:
     if kind == "bool":
         return [] if isinstance(value, bool) else [_type_problem(where, kind, value)]
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            return [_type_problem(where, kind, value)]
-        if spec.choices and value not in spec.choices:
-            return [_choice_problem(where, value, spec.choices)]
-        low, high = spec.minimum, spec.maximum
-        if (low is not None and value < low) or (high is not None and value > high):
-            if high is None:
-                wanted = f"an integer >= {low}"
-            else:
-                wanted = f"an integer between {low} and {high}"
-            return [f"{where}: {value} is out of range; use {wanted}"]
-        return []
+        return _check_int(where, spec, value)
     if kind == "fraction":
         if isinstance(value, bool) or not isinstance(value, int | float):
             return [_type_problem(where, kind, value)]
@@ -787,6 +725,57 @@ def _format(value: Any) -> str:
     return str(value)
 
 
+def _flags(config: Mapping[str, Any]) -> list[str]:
+    """The flags of the TOML's keys, in SCHEMA order."""
+    args: list[str] = []
+    for section in FLAG_SECTIONS:
+        table = config.get(section, {})
+        for key, spec in SCHEMA[section].items():
+            if not spec.flag or key not in table:
+                continue
+            value = table[key]
+            if spec.kind == "bool":
+                if value:
+                    args.append(spec.flag)
+                elif spec.negatable:
+                    args.append("--no-" + spec.flag[2:])
+            else:
+                args += [spec.flag, _format(value)]
+    return args
+
+
+def _kv_transfer_config(pd: Mapping[str, Any]) -> str:
+    """--kv-transfer-config's compact JSON for an enabled [pd_disaggregation]."""
+    backend = pd.get("kv_transfer_backend", "nixl")
+    transfer = {
+        "kv_connector": VOCAB.KV_TRANSFER_BACKENDS[backend],
+        "kv_role": VOCAB.PD_ROLES[pd["role"]],
+        "kv_buffer_device": pd.get("kv_buffer_device", "cuda"),
+    }
+    # Only a consumer loads KV; on a producer the policy would have nothing to act on.
+    if pd["role"] == "decode" and "kv_load_failure_policy" in pd:
+        transfer["kv_load_failure_policy"] = pd["kv_load_failure_policy"]
+    return json.dumps(transfer, sort_keys=True, separators=(",", ":"))
+
+
+def _build_env(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> dict[str, str]:
+    """The variables the launcher sets: the API key's, those of the TOML's keys, then [environment]."""
+    env: dict[str, str] = {}
+    api_key_env = config["server"].get("api_key_env")
+    if api_key_env:
+        env[API_KEY_VAR] = (environ or {}).get(api_key_env, "")
+    pd = config.get("pd_disaggregation", {})
+    for section in ("pd_disaggregation", "cpu", "devices"):
+        if section == "pd_disaggregation" and not pd.get("enabled"):
+            continue
+        table = config.get(section, {})
+        for key, spec in SCHEMA[section].items():
+            if spec.env and key in table:
+                env[spec.env] = _format(table[key])
+    env.update(config.get("environment", {}))
+    return env
+
+
 def build(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> tuple[list[str], dict[str, str]]:
     """Build the vLLM command line and environment from a configuration.
 
@@ -802,48 +791,11 @@ def build(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> tuple
     if problems:
         raise ConfigError(problems)
 
-    args = ["serve", config["model"]["name"]]
-    for section in FLAG_SECTIONS:
-        table = config.get(section, {})
-        for key, spec in SCHEMA[section].items():
-            if not spec.flag or key not in table:
-                continue
-            value = table[key]
-            if spec.kind == "bool":
-                if value:
-                    args.append(spec.flag)
-                elif spec.negatable:
-                    args.append("--no-" + spec.flag[2:])
-            else:
-                args += [spec.flag, _format(value)]
-
-    env: dict[str, str] = {}
-    api_key_env = config["server"].get("api_key_env")
-    if api_key_env:
-        env[API_KEY_VAR] = (environ or {}).get(api_key_env, "")
-
+    args = ["serve", config["model"]["name"], *_flags(config)]
+    env = _build_env(config, environ)
     pd = config.get("pd_disaggregation", {})
     if pd.get("enabled"):
-        backend = pd.get("kv_transfer_backend", "nixl")
-        transfer = {
-            "kv_connector": KV_TRANSFER_BACKENDS[backend],
-            "kv_role": PD_ROLES[pd["role"]],
-            "kv_buffer_device": pd.get("kv_buffer_device", "cuda"),
-        }
-        # Only a consumer loads KV; on a producer the policy would have nothing to act on.
-        if pd["role"] == "decode" and "kv_load_failure_policy" in pd:
-            transfer["kv_load_failure_policy"] = pd["kv_load_failure_policy"]
-        args += ["--kv-transfer-config", json.dumps(transfer, sort_keys=True, separators=(",", ":"))]
-
-    for section in ("pd_disaggregation", "cpu", "devices"):
-        if section == "pd_disaggregation" and not pd.get("enabled"):
-            continue
-        table = config.get(section, {})
-        for key, spec in SCHEMA[section].items():
-            if spec.env and key in table:
-                env[spec.env] = _format(table[key])
-    env.update(config.get("environment", {}))
-
+        args += ["--kv-transfer-config", _kv_transfer_config(pd)]
     args += config.get("extra", {}).get("args", [])
     return args, env
 

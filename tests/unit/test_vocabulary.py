@@ -1,0 +1,171 @@
+"""One vocabulary (plugins/module_utils/_vllm_vocabulary.py), read by the preflight and by the launcher.
+
+Every value the vocabulary accepts is accepted by the launcher (as it runs on a host, loaded from the
+file beside it) and by the controller-side preflight; every value next to it that one refuses, the
+other refuses too. The places that used to keep their own lists (the role's argument spec, its vars)
+follow the vocabulary, and the role ships the file beside the launcher.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import GIB, SMOL, settings
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
+ROLE = REPO / "roles" / "vllm_instance"
+
+
+def _host_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The launcher as a host has it: a copy beside a copy of the vocabulary, loaded on its own."""
+    for path in (LAUNCHER, Path(vocab.__file__)):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    monkeypatch.delitem(sys.modules, pf.VOCABULARY_MODULE, raising=False)
+    spec = importlib.util.spec_from_file_location("host_launcher", tmp_path / LAUNCHER.name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert Path(module.VOCAB.__file__) == tmp_path / "_vllm_vocabulary.py"
+    return module
+
+
+# (vocabulary list, instance setting, TOML section and key, values next to the list that are refused)
+SETTINGS = [
+    ("DTYPES", "dtype", "model", "dtype", ["bf16", "fp16", "BFLOAT16", "float64", "fp8"]),
+    ("QUANTIZATION_METHODS", "quantization", "model", "quantization", ["int4", "AWQ", "nf4"]),
+    ("KV_CACHE_DTYPES", "kv_cache_dtype", "kv_cache", "quant_dtype",
+     [*vocab.KV_CACHE_DTYPE_REFUSED, "int4", "float16", "fp16", "FP8"]),
+    ("BLOCK_SIZES", "block_size", "kv_cache", "block_size", [2, 24, 256]),
+    ("KV_BUFFER_DEVICES", "kv_buffer_device", "pd_disaggregation", "kv_buffer_device", ["gpu", "CUDA"]),
+    ("KV_LOAD_FAILURE_POLICIES", "kv_load_failure_policy", "pd_disaggregation", "kv_load_failure_policy",
+     ["retry", "FAIL"]),
+]
+PD = {"enabled": True, "role": "decode", "side_channel_host": "10.0.0.21", "kv_transfer_port": 5700}
+CASES = [(name, setting, section, key, value, value in getattr(vocab, name))
+         for name, setting, section, key, refused in SETTINGS
+         for value in (*getattr(vocab, name), *refused)]
+
+
+def _launcher_accepts(launch, section: str, key: str, value: Any) -> bool:
+    config: dict[str, Any] = {"server": {}, "model": {"name": "/var/lib/vllm/models/m"}}
+    if section == "pd_disaggregation":
+        config[section] = dict(PD)
+    config.setdefault(section, {})[key] = value
+    return launch.validate(config) == []
+
+
+def _preflight_accepts(setting: str, value: Any) -> bool:
+    """pd_preflight of one decode host (decode renders every setting, the KV load failure policy too)."""
+    published = {
+        "pd_role": "decode", "address": "10.0.0.21", "served_model_name": "m",
+        "instances": [{"name": "decode-0", "port": 8200, "kv_transfer_port": 5700, "overrides": {},
+                       "settings": settings(max_model_len=512, kv_cache_memory_bytes=GIB, **{setting: value})}],
+        "settings": settings(max_model_len=512, kv_cache_memory_bytes=GIB, **{setting: value}),
+        "host_address": "10.0.0.21", "host_address_source": "vllm_instance_host_address",
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "model_revision": "main", "model_is_local": False,
+        "model_facts": dict(SMOL), "kv_transfer_backend": "nixl", "vllm_version": "0.32.0", "vllm_variant": "cpu",
+        "api_key_set": True, "api_key_broken": False, "unsupported": {}, "booleans": {},
+    }
+    lines = pf.pd_preflight({"d1": {"__vllm_instance_preflight": published}},
+                            {"prefill": [], "decode": ["d1"], "router": []}, {"pd_enabled": False})
+    return not [line for line in lines if f"vllm_instance_{setting}" in line]
+
+
+@pytest.fixture(scope="module")
+def host_launcher(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield _host_launcher(tmp_path_factory.mktemp("host"), monkeypatch)
+
+
+@pytest.mark.parametrize(("name", "setting", "section", "key", "value", "listed"), CASES,
+                         ids=[f"{c[1]}={c[4]!r}" for c in CASES])
+def test_preflight_and_launcher_accept_the_same_values(host_launcher, name, setting, section, key, value, listed):
+    launcher = _launcher_accepts(host_launcher, section, key, value)
+    preflight = _preflight_accepts(setting, value)
+    assert launcher is preflight is listed, (name, value, launcher, preflight)
+
+
+def test_the_launcher_on_a_host_reads_the_vocabulary_beside_it(host_launcher):
+    for name in ("DTYPES", "KV_CACHE_DTYPES", "BLOCK_SIZES", "QUANTIZATION_METHODS", "KV_BUFFER_DEVICES",
+                 "KV_LOAD_FAILURE_POLICIES", "KV_TRANSFER_BACKENDS", "PD_ROLES"):
+        assert getattr(host_launcher.VOCAB, name) == getattr(vocab, name), name
+    choices = {(section, key): spec.choices for section, keys in host_launcher.SCHEMA.items()
+               for key, spec in keys.items() if spec.choices}
+    assert choices == {
+        ("model", "dtype"): vocab.DTYPES, ("model", "quantization"): vocab.QUANTIZATION_METHODS,
+        ("kv_cache", "quant_dtype"): vocab.KV_CACHE_DTYPES, ("kv_cache", "block_size"): vocab.BLOCK_SIZES,
+        ("pd_disaggregation", "role"): tuple(vocab.PD_ROLES),
+        ("pd_disaggregation", "kv_transfer_backend"): tuple(vocab.KV_TRANSFER_BACKENDS),
+        ("pd_disaggregation", "kv_buffer_device"): vocab.KV_BUFFER_DEVICES,
+        ("pd_disaggregation", "kv_load_failure_policy"): vocab.KV_LOAD_FAILURE_POLICIES,
+    }
+
+
+def test_refused_kv_cache_dtypes_are_not_accepted_and_say_why():
+    assert not set(vocab.KV_CACHE_DTYPE_REFUSED) & set(vocab.KV_CACHE_DTYPES)
+    for value in vocab.KV_CACHE_DTYPE_REFUSED:
+        assert vocab.kv_cache_dtype_refusal(value) == vocab.KV_CACHE_DTYPE_REFUSED[value]
+    assert vocab.kv_cache_dtype_refusal("int4") == "vLLM 0.32 has no 4-bit KV cache"
+    assert vocab.kv_cache_dtype_refusal("float16") is None
+
+
+def test_vllm_dtype_spellings():
+    # vLLM's ModelDType: auto, half, float16, bfloat16, float, float32; "bf16" is not one of them.
+    assert set(vocab.DTYPES) == {"auto", "half", "float16", "bfloat16", "float", "float32"}
+    assert not set(vocab.DTYPE_MISSPELLINGS) & set(vocab.DTYPES)
+    assert set(vocab.DTYPE_MISSPELLINGS.values()) <= set(vocab.DTYPES)
+    # A checkpoint's torch_dtype is one of torch's names; "bf16" is none.
+    assert "bf16" not in vocab.CHECKPOINT_DTYPES
+    assert set(vocab.CHECKPOINT_DTYPES.values()) <= set(vocab.AUTO_DTYPES)
+
+
+def test_the_role_refuses_the_removed_settings_of_the_vocabulary():
+    unsupported = yaml.safe_load((ROLE / "vars" / "main.yml").read_text(encoding="utf-8"))["_vllm_instance_unsupported"]
+    assert set(unsupported) == {f"vllm_instance_{name}" for name in vocab.REMOVED_SETTINGS}
+
+
+def test_the_argument_spec_keeps_choices_only_where_no_better_message_exists():
+    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text(encoding="utf-8"))
+    options = specs["argument_specs"]["main"]["options"]
+    # The preflight says why these are refused (a 4-bit KV cache, the removed nccl backend, bf16 -> bfloat16, a
+    # host with both PD roles): no choices hide that.
+    for name in ("vllm_instance_dtype", "vllm_instance_kv_cache_dtype", "vllm_instance_kv_transfer_backend",
+                 "vllm_instance_pd_role", "vllm_instance_quantization"):
+        assert "choices" not in options[name], name
+    # Prefill hosts do not render these, so the launcher check does not see them there: the spec keeps them.
+    assert tuple(options["vllm_instance_kv_buffer_device"]["choices"]) == vocab.KV_BUFFER_DEVICES
+    assert tuple(options["vllm_instance_kv_load_failure_policy"]["choices"]) == vocab.KV_LOAD_FAILURE_POLICIES
+
+
+def test_the_role_installs_the_vocabulary_beside_the_launcher():
+    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8"))
+    (task,) = [t for t in tasks if t["name"] == "Install the launcher and its vocabulary"]
+    sources = [item["src"] for item in task["loop"]]
+    assert sources[0] == LAUNCHER.name
+    vocabulary = sources[1].replace("{{ role_path }}", str(ROLE))
+    assert Path(vocabulary).resolve() == Path(vocab.__file__).resolve()
+    assert task["ansible.builtin.copy"]["dest"] == "{{ _vllm_instance_launcher | dirname }}/{{ item.src | basename }}"
+
+
+@pytest.mark.skipif(shutil.which("ansible-galaxy") is None, reason="ansible-galaxy is not installed")
+def test_the_collection_artifact_holds_the_launcher_and_its_vocabulary(tmp_path):
+    subprocess.run(["ansible-galaxy", "collection", "build", "--output-path", str(tmp_path), str(REPO)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    (artifact,) = tmp_path.glob("inferops-vllm-*.tar.gz")
+    with tarfile.open(artifact) as tar:
+        names = set(tar.getnames())
+    for relative in ("roles/vllm_instance/files/inferops_vllm_launch.py", "plugins/module_utils/_vllm_vocabulary.py",
+                     "plugins/module_utils/_model_facts.py", "plugins/module_utils/_kv_sizing.py",
+                     "plugins/module_utils/_pd_instance.py", "plugins/module_utils/_pd_values.py",
+                     "plugins/filter/preflight.py"):
+        assert relative in names, relative
