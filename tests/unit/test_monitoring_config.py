@@ -68,7 +68,8 @@ def inventory(monitoring: list[str], routers: tuple[str, ...] = ("r1",), **extra
 def _firewall_task(name: str, **changes: Any) -> dict[str, Any]:
     (task,) = [
         t
-        for t in yaml.safe_load((FIREWALL / "tasks" / "main.yml").read_text(encoding="utf-8"))
+        for path in sorted((FIREWALL / "tasks").glob("*.yml"))
+        for t in yaml.safe_load(path.read_text(encoding="utf-8"))
         if t.get("name") == name
     ]
     task = {k: v for k, v in task.items() if k not in ("notify", "tags", "register")}

@@ -3,7 +3,8 @@
 Each install lives in "<venv>.d/<first 12 hex digits of the SHA-256 of the fingerprint as JSON with
 sorted keys>" and the venv path is a symlink to the live one. The tests build version directories
 (with the role's marker file) in a temporary directory and run the role's `switch` and `prune`
-entry points on localhost: the migration of a venv directory of an earlier release to
+entry points on localhost, from a role that includes them (python_venv refuses a play that calls it
+itself: test_python_venv_internal.py): the migration of a venv directory of an earlier release to
 "<venv>.d/legacy" by a rename (an open file stays readable), the link's switches and their
 idempotence, the refusal of an unfinished install, check mode, and what prune removes and keeps.
 The main entry point is not run here: it installs system packages with apt.
@@ -15,24 +16,13 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_preflight_inventories import ANSIBLE_PLAYBOOK, RECAP_RE, REPO, playbook_env
+from test_preflight_inventories import ANSIBLE_PLAYBOOK, RECAP_RE
+from test_python_venv_internal import run, stand_in_caller
 
 MARKER = ".inferops-vllm-install.json"
-PLAYBOOK = """\
-- name: Run an entry point of python_venv
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Include the entry point
-      ansible.builtin.include_role:
-        name: inferops.vllm.python_venv
-        tasks_from: "{{ entry_point }}"
-"""
 
 pytestmark = [
     pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed"),
@@ -57,18 +47,10 @@ def install(venv: Path, fingerprint: dict, mtime: float | None = None, marker: b
 
 
 def play(tmp_path: Path, entry_point: str, *args: str, **extra) -> tuple[subprocess.CompletedProcess[str], str, int]:
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(PLAYBOOK)
-    env = playbook_env(ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
-    run = subprocess.run(
-        [ANSIBLE_PLAYBOOK, "-i", "localhost,", str(playbook), *args,
-         "-e", json.dumps({"ansible_python_interpreter": sys.executable, "entry_point": entry_point,
-                           "python_venv_label": "test", **extra})],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
-    )
-    output = " ".join((run.stdout + run.stderr).split())
-    recap = RECAP_RE.search(run.stdout)
-    return run, output, int(recap.group(3)) if recap else -1
+    # python_venv refuses a play that calls it itself: a stand-in for vllm_install and vllm_router includes it.
+    result, output = run(stand_in_caller(tmp_path), entry_point, *args, **extra)
+    recap = RECAP_RE.search(result.stdout)
+    return result, output, int(recap.group(3)) if recap else -1
 
 
 def test_switch_moves_an_earlier_venv_aside_then_switches_only_on_a_new_target(tmp_path):

@@ -44,13 +44,15 @@ def is_bench_result(data: Any) -> bool:
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
+    """A finite JSON number as a float; None for null, a string, a boolean, NaN or Infinity.
+
+    Programs wrote every input (vllm bench serve's results, deployment.json), so a measurement is a JSON
+    number. What people typed, the scenarios, was parsed and checked once, by the bench_scenarios filter
+    (plugins/filter/bench.py), before it reached deployment.json.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+    return float(value) if math.isfinite(value) else None
 
 
 def _metric(data: Mapping[str, Any], *keys: str) -> float | None:
