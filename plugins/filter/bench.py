@@ -192,7 +192,8 @@ def _check_one(p: _Problems, index: int, raw: Any, names: set[str]) -> dict[str,
         if sc["burstiness"] is None or sc["burstiness"] <= 0:
             p.add(where, "burstiness", f"is {_show(raw.get('burstiness'))}, not a positive number.",
                   "leave it out (1: Poisson arrivals), or give a positive number (below 1 burstier, above 1 steadier).")
-    sc["seed"] = 0 if raw.get("seed") is None else _positive_int(p, where, raw, "seed", minimum=0)
+    # Unset: the run's seed (options.seed), so that a second run sends new prompts, not cached ones.
+    sc["seed"] = None if raw.get("seed") is None else _positive_int(p, where, raw, "seed", minimum=0)
     if dataset == "random":
         if raw.get("input_len") is not None:
             sc["input_len"] = _positive_int(p, where, raw, "input_len")
@@ -248,6 +249,7 @@ def _argv(sc: dict[str, Any], opts: Mapping[str, Any]) -> list[str]:
              "--result-filename", sc["result_file"], "--label", sc["name"], "--metadata"]
     metadata = {"scenario": sc["name"], "dataset": sc["dataset"], "max_prompt_tokens": sc["max_prompt_tokens"],
                 "max_output_tokens": sc["max_output_tokens"], "rate": sc["rate"], "concurrency": sc["concurrency"],
+                "seed": sc["seed"],
                 **{k: v for k, v in (opts.get("metadata") or {}).items() if v is not None}}
     argv += [f"{key}={value}" for key, value in metadata.items() if value is not None]
     return argv
@@ -288,6 +290,9 @@ def bench_scenarios(scenarios: Any, limits: Any = None, options: Mapping[str, An
                                                           "dataset on a shorter context." if sc["dataset"] == "sharegpt"
                                                           else ""))
             continue
+        if sc["seed"] is None:
+            sc["seed"] = int(opts.get("seed") or 0)
+        sc["seed"] += int(opts.get("seed_offset") or 0)
         sc.update(max_prompt_tokens=prompt, max_output_tokens=output, result_file=f"{sc['name']}.json",
                   expected_seconds=(round(sc["num_prompts"] / sc["rate"], 1) if sc["rate"] != "inf" else None))
         if sc["dataset"] == "sharegpt":

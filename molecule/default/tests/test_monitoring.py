@@ -88,3 +88,18 @@ def test_every_dashboard_query_and_rule_metric_returns_series(prometheus_get, tr
             break
         time.sleep(10)
     assert not missing, "\n".join(f"{m['source']}: {m['query']} {m.get('error', '')}" for m in missing)
+
+
+def test_the_png_report_draws_every_panel_from_the_real_prometheus(prometheus_get, traffic, monkeypatch, tmp_path):
+    """benchmarks/prom_report.py (for users without Grafana) against the real Prometheus: a PNG per panel of the
+    dashboard, each with data (after the traffic) and no query error."""
+    monkeypatch.setattr(prom_report, "_get", prometheus_get)
+    end = time.time()
+    index = prom_report.render_report(PROMETHEUS, end - 900, end, 15, tmp_path)
+    text = index.read_text()
+    panels = prom_report.dashboard_panels()
+    images = sorted(tmp_path.glob("*.png"))
+    assert panels and len(images) == len(panels), (len(panels), [p.name for p in images])
+    for image in images:
+        assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({image.name})" in text, image
+    assert "- error:" not in text and "- no series in this range" not in text, text

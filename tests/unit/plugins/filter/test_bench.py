@@ -40,7 +40,18 @@ def test_a_good_scenario_and_its_command_line():
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99", "--save-result",
         "--result-dir", "/tmp/x.inferops-bench", "--result-filename", "short.json", "--label", "short", "--metadata",
         "scenario=short", "dataset=random", "max_prompt_tokens=128", "max_output_tokens=32", "rate=2.0",
-        "concurrency=4", "configuration=PD 1P+1D", "kv_dtype=fp8", "prefix_caching=on"]
+        "concurrency=4", "seed=0", "configuration=PD 1P+1D", "kv_dtype=fp8", "prefix_caching=on"]
+
+
+def test_the_run_seed_fills_unset_seeds_and_the_offset_moves_every_seed():
+    """A second run (or the colocated runs after the PD runs) must not resend prompts the caches hold."""
+    given = {**GOOD, "name": "given", "seed": 7}
+    out = bench_scenarios([GOOD, given], LIMITS, {**OPTIONS, "seed": 1234})
+    assert [sc["seed"] for sc in out["scenarios"]] == [1234, 7]
+    seed_of = [sc["argv"][sc["argv"].index("--seed") + 1] for sc in out["scenarios"]]
+    assert seed_of == ["1234", "7"] and "seed=1234" in out["scenarios"][0]["argv"]
+    moved = bench_scenarios([GOOD, given], LIMITS, {**OPTIONS, "seed": 1234, "seed_offset": 1})
+    assert [sc["seed"] for sc in moved["scenarios"]] == [1235, 8]
 
 
 def test_other_datasets_and_defaults():
