@@ -61,6 +61,9 @@ def test_config_files_modes_and_owners(request, host_fixture, name, port, side_p
         assert f.is_file and f.user == "root" and f.group == "vllm" and f.mode == 0o640, suffix
     launcher = host.file("/usr/local/lib/inferops-vllm/inferops_vllm_launch.py")
     assert launcher.user == "root" and launcher.mode == 0o755
+    # What vLLM accepts, the same module the controller's preflight imports, beside the launcher.
+    vocabulary = host.file("/usr/local/lib/inferops-vllm/_vllm_vocabulary.py")
+    assert vocabulary.user == "root" and vocabulary.mode == 0o644 and "KV_CACHE_DTYPES" in vocabulary.content_string
     venv = host.file("/opt/vllm/venv")
     assert venv.user == "root"
     unit = host.file("/etc/systemd/system/vllm@.service")
