@@ -28,11 +28,10 @@ LIMIT_SECONDS = 10.0
 
 
 def _load_filter():
-    spec = importlib.util.spec_from_file_location("inferops_preflight", REPO / "plugins" / "filter" / "preflight.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    # The filter imports the collection's private module_utils by their collection name: the checkout is
+    # linked as a collection under .ansible/collections (scripts/sandbox/tools.sh makes the link).
+    sys.path.insert(0, str(REPO / ".ansible" / "collections"))
+    return importlib.import_module("ansible_collections.inferops.vllm.plugins.filter.preflight")
 
 
 def _settings(**kw):
