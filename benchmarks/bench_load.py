@@ -9,7 +9,7 @@ runs' detailed results (--save-detailed) give every request's start time, TTFT a
 times are CLOCK_MONOTONIC seconds (time.perf_counter), which the containers share with this
 process (one kernel), so requests can be placed against the operation's own timing.
 
-Used by molecule/default/tests/test_z_day2.py and benchmarks/rolling_restart.py.
+Used by molecule/default/tests/test_day2.py and benchmarks/rolling_restart.py.
 """
 
 from __future__ import annotations

@@ -18,6 +18,17 @@ DECODE = os.environ.get("INFEROPS_DECODE_HOST", "molecule-decode")
 ROUTER = os.environ.get("INFEROPS_ROUTER_HOST", "molecule-router")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "changes_deployment: changes what the other tests read (day-2 operations); "
+                                       "runs after every test without the mark, in the order written")
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that change the deployment run after those that only read it, whatever their file names (a stable
+    sort: the order within each group is pytest's, i.e. file by file, as written)."""
+    items.sort(key=lambda item: item.get_closest_marker("changes_deployment") is not None)
+
+
 def front_ca() -> str | None:
     """The CA of the front's certificate: molecule's prepare step makes one (TLS on); the sandbox of
     up.sh serves plain HTTP (none), unless INFEROPS_FRONT_CA names one."""

@@ -10,7 +10,8 @@ test reads the bench results once and judges every window (no failed request, re
 along; for the kill, a bound), and that no request failed outside them.
 
 These tests change the deployment (they add decode-1, a third vLLM process, to the decode host), so
-this file's name sorts it after the others; the tests run in the order written. The second decode
+they carry the `changes_deployment` mark, which conftest.py runs after every other test whatever the file
+names; the tests run in the order written. The second decode
 instance lives on the existing decode host, on the same core as decode-0: a second container
 would add minutes of provisioning for the same property (the other instances' files, and so their
 processes, do not change when the pool grows).
@@ -38,7 +39,8 @@ sys.path.insert(0, os.path.join(PROJECT, "benchmarks"))
 
 from bench_load import BenchLoad, summary  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not (PROJECT and EPHEMERAL), reason="runs inside molecule only (its inventory)")
+pytestmark = [pytest.mark.skipif(not (PROJECT and EPHEMERAL), reason="runs inside molecule only (its inventory)"),
+              pytest.mark.changes_deployment]
 
 MODEL = "smollm2-135m-instruct"
 DECODE_1 = {"name": "decode-1", "port": 8201, "kv_transfer_port": 5701, "cpus": "1"}
