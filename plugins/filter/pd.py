@@ -13,7 +13,8 @@ import ipaddress
 
 from ansible.errors import AnsibleFilterError
 
-PUBLISHED = "__vllm_instance_published"
+# The record roles/vllm_instance/tasks/publish.yml sets on each prefill and decode host.
+PUBLISHED = "vllm_instance_published"
 
 
 def url_host(host):
@@ -37,10 +38,10 @@ def pd_instances(hostvars, prefill_hosts, decode_hosts):
             if not published:
                 missing.append(host)
                 continue
-            defaults = published.get("settings") or {}
             for inst in published["instances"]:
-                settings = dict(defaults)
-                settings.update(inst.get("overrides") or {})
+                # Merged once by the publish tasks; a record built by hand may give the host's and overrides.
+                settings = inst.get("settings") or {**(published.get("settings") or {}),
+                                                    **(inst.get("overrides") or {})}
                 block_size = int(settings.get("block_size") or 0)
                 out.append(
                     {

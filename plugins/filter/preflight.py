@@ -24,10 +24,10 @@ Which rule lives where (one place per rule):
     the launcher          its TOML's types and ranges, and what the free-form extra args and
                           environment may not set (checked here too: the launcher check runs it).
 
-Input, ``published_by_host``: ``hostvars`` (a host's ``__vllm_instance_preflight``, and a router
-host's ``vllm_router_*`` inventory variables, else the router role's documented defaults), or as
-plain data: inventory host name -> ``{"instance": <__vllm_instance_preflight or None>, "router":
-<router settings or None>, "allow_shared_hosts": bool}``. Only the hosts of the prefill, decode and
+Input, ``published_by_host``: ``hostvars`` (a host's ``vllm_instance_published`` and a router host's
+``vllm_router_published``, as the roles' ``publish`` tasks set them), or as plain data: inventory host
+name -> ``{"instance": <vllm_instance_published or None>, "router": <vllm_router_published or None>,
+"allow_shared_hosts": bool}``. Only the hosts of the prefill, decode and
 router groups are read.
 
 ``pd_preflight`` returns one line per problem, ``[<check>] <hosts>: <variable>: <what is wrong>
@@ -51,6 +51,7 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
+import yaml
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
 from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import kind as _kind
 from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import (
@@ -71,8 +72,9 @@ try:
 except ImportError:  # plain Python: the checks need no Ansible, only the warnings' display does
     Display = None
 
-INSTANCE_FACT = "__vllm_instance_preflight"
-ROUTER_FACT = "__inferops_router_preflight"
+# The records the roles' publish tasks set (roles/vllm_instance/tasks/publish.yml, roles/vllm_router/tasks/publish.yml).
+INSTANCE_RECORD = "vllm_instance_published"
+ROUTER_RECORD = "vllm_router_published"
 
 # The launcher, relative to the collection root: this file is <root>/plugins/filter/preflight.py in a
 # checkout and in an installed collection (ansible_collections/inferops/vllm/...) alike.
@@ -85,8 +87,8 @@ VOCABULARY_MODULE = "_inferops_vllm_vocabulary"
 # vllm_instance_api_key, the router's client keys): RFC 6750 bearer-token characters, 16 or more.
 API_KEY_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,}")
 API_KEY_RULE = "16 or more characters of A-Z a-z 0-9 . _ ~ + / = - (RFC 6750 bearer token characters)"
-# The router role's documented defaults (roles/vllm_router/defaults/main.yml).
-ROUTER_DEFAULTS = {"port": 8300, "metrics_port": 29000, "front_port": 8000, "replicas": 2}
+# The router's defaults, named in a fix, are read from the role itself.
+ROUTER_DEFAULTS_PATH = ("roles", "vllm_router", "defaults", "main.yml")
 ROUTER_VARS = {"port": "vllm_router_port", "metrics_port": "vllm_router_metrics_port",
                "front_port": "vllm_router_front_port"}
 # The slowest generation speed to plan for (inferops_min_tokens_per_second): the client check and
@@ -107,14 +109,25 @@ CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quanti
           "unsupported", "launcher", "client", "drain", "network", "secrets", "booleans")
 
 
+def _collection_paths(parts: tuple[str, ...]) -> list[str]:
+    """Where a file of the collection may be, relative to this file and to its real path."""
+    here = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.realpath(__file__)))
+    return list(dict.fromkeys(os.path.normpath(os.path.join(base, os.pardir, os.pardir, *parts)) for base in here))
+
+
+@lru_cache(maxsize=1)
+def _router_defaults() -> dict[str, Any]:
+    """roles/vllm_router/defaults/main.yml (for the defaults a fix names); empty when it is not there."""
+    for path in _collection_paths(ROUTER_DEFAULTS_PATH):
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                return yaml.safe_load(handle) or {}
+    return {}
+
+
 def _load_launcher() -> ModuleType:
-    here = os.path.dirname(os.path.abspath(__file__))
-    tried = []
-    for base in (here, os.path.dirname(os.path.realpath(__file__))):
-        path = os.path.normpath(os.path.join(base, os.pardir, os.pardir, *LAUNCHER_PATH))
-        if path in tried:
-            continue
-        tried.append(path)
+    tried = _collection_paths(LAUNCHER_PATH)
+    for path in tried:
         if not os.path.isfile(path):
             continue
         spec = importlib.util.spec_from_file_location(LAUNCHER_MODULE, path)
@@ -233,30 +246,6 @@ class _Report:
         return out
 
 
-def _router_from_vars(variables: Mapping[str, Any]) -> dict[str, Any]:
-    """A router host's settings from its inventory variables, else the vllm_router role's documented
-    defaults. No key is kept, only how many there are."""
-    out: dict[str, Any] = {}
-    for key, name in ROUTER_VARS.items():
-        value, state = _var(variables, name)
-        if state == "broken":
-            value = "(undefined variable)"
-        out[key] = ROUTER_DEFAULTS[key] if state == "unset" else value
-    replicas, state = _var(variables, "vllm_router_replicas")
-    out["replicas"] = ROUTER_DEFAULTS["replicas"] if state != "set" else replicas
-    keys, state = _var(variables, "vllm_router_api_keys")
-    out["api_keys_broken"] = state == "broken"
-    out["api_keys_count"] = len(keys) if isinstance(keys, list) else 0
-    out["api_keys_invalid"] = sum(not valid_api_key(key) for key in keys) if isinstance(keys, list) else 0
-    out["api_keys_not_a_list"] = state == "set" and not isinstance(keys, list)
-    allow, state = _var(variables, "vllm_router_allow_unauthenticated")
-    out["allow_unauthenticated"] = False if state == "unset" else allow
-    for key in ("tls_certificate", "tls_key"):
-        value, state = _var(variables, f"vllm_router_{key}")
-        out[key] = state == "broken" or bool(value)
-    return out
-
-
 def _split(entry: Any, is_router: bool = False) -> tuple[Mapping | None, Mapping | None, Any]:
     """(instance, router, allow_shared_hosts) from one host's entry, in any of the accepted shapes."""
     if not isinstance(entry, Mapping):
@@ -264,13 +253,11 @@ def _split(entry: Any, is_router: bool = False) -> tuple[Mapping | None, Mapping
     if isinstance(entry, dict):  # plain data (hostvars[host] is a lazy mapping, never a dict)
         if entry and set(entry) <= {"instance", "router", "allow_shared_hosts"}:
             return entry.get("instance"), entry.get("router"), entry.get("allow_shared_hosts")
-        if "instances" in entry and "pd_role" in entry:  # a bare __vllm_instance_preflight
+        if "instances" in entry and "pd_role" in entry:  # a bare vllm_instance_published
             return entry, None, None
     # A host's variables (hostvars[host]).
-    instance = _var(entry, INSTANCE_FACT)[0]
-    router = _var(entry, ROUTER_FACT)[0]
-    if router is None and is_router:
-        router = _router_from_vars(entry)
+    instance = _var(entry, INSTANCE_RECORD)[0]
+    router = _var(entry, ROUTER_RECORD)[0] if is_router else None
     return instance, router, _var(entry, "inferops_allow_shared_hosts")[0]
 
 
@@ -434,7 +421,7 @@ def _check_ports(rep: _Report, inv: _Inventory) -> None:
 def _router_ports(rep: _Report, host: str, pub: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     """vllm-router runs vllm_router_replicas processes: replica i on vllm_router_port + i and
     vllm_router_metrics_port + i."""
-    replicas = _to_int(pub.get("replicas", ROUTER_DEFAULTS["replicas"]))
+    replicas = _to_int(pub.get("replicas"))
     if replicas is None or not 1 <= replicas <= 8:
         rep.add("ports", host, "vllm_router_replicas",
                 f"is {_show(pub.get('replicas'))}, not a number of router processes from 1 to 8.",
@@ -443,7 +430,6 @@ def _router_ports(rep: _Report, host: str, pub: Mapping[str, Any]) -> list[tuple
     uses = []
     for key, var in ROUTER_VARS.items():
         value = pub.get(key)
-        value = ROUTER_DEFAULTS[key] if value is None else value
         uses.append((var, value, var))
         base = _to_int(value)
         if key != "front_port" and base is not None:
@@ -471,10 +457,11 @@ def _valid_ports(rep: _Report, host: str, uses: list[tuple[str, Any, str]]) -> d
 def _port_clash_fix(keys: set[str]) -> tuple[str, str]:
     """(variable, fix) of a port used twice by the keys."""
     if keys <= {"vllm_router_port", "vllm_router_metrics_port", "vllm_router_front_port"}:
+        defaults = _router_defaults()
         return ", ".join(sorted(keys)), (
-            f"give vllm_router_port (default {ROUTER_DEFAULTS['port']}), vllm_router_metrics_port "
-            f"(default {ROUTER_DEFAULTS['metrics_port']}) and vllm_router_front_port "
-            f"(default {ROUTER_DEFAULTS['front_port']}) distinct values.")
+            f"give vllm_router_port (default {defaults.get('vllm_router_port')}), vllm_router_metrics_port "
+            f"(default {defaults.get('vllm_router_metrics_port')}) and vllm_router_front_port "
+            f"(default {defaults.get('vllm_router_front_port')}) distinct values.")
     if keys == {"port"}:
         return "vllm_instance_instances[*].port", "give every instance on the host its own port."
     if keys == {"kv_transfer_port"}:
@@ -1152,7 +1139,7 @@ def launcher_problems(published: Mapping[str, Any], host: str, variables: Mappin
     """The launcher check of one host, for the vllm_instance role's own preflight (see launcher_problems.yml)."""
     rep = _Report()
     if not isinstance(published, Mapping):
-        rep.add("launcher", host, "__vllm_instance_preflight", f"is {_kind(published)}, not the published settings.",
+        rep.add("launcher", host, "vllm_instance_published", f"is {_kind(published)}, not the published settings.",
                 "run the vllm_instance role's publish tasks first.")
         return rep.lines()
     role = _text(published.get("pd_role"))

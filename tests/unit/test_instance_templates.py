@@ -96,7 +96,7 @@ def playbook() -> list[dict[str, Any]]:
             # What the preflight's mirror of the template is given (as the role's preflight passes it).
             {"name": "What the host published", "ansible.builtin.copy": {
                 "dest": "{{ out }}/{{ inventory_hostname }}/published.json", "mode": "0600",
-                "content": "{{ {'published': __vllm_instance_preflight, 'variables': {"
+                "content": "{{ {'published': vllm_instance_published, 'variables': {"
                            "'vllm_instance_instances': vllm_instance_instances,"
                            " 'vllm_instance_environment': vllm_instance_environment,"
                            " 'vllm_instance_extra_args': vllm_instance_extra_args,"

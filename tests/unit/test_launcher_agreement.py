@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_preflight import router
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import GIB, SMOL
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import settings as base_settings
 
@@ -50,7 +51,7 @@ def settings(**kw: Any) -> dict[str, Any]:
 
 def published(role: str, *, backend: str = "nixl", variant: str = "cpu", facts: dict | None = None,
               instances: list[dict] | None = None, **kw: Any) -> dict[str, Any]:
-    """A host's __vllm_instance_preflight as roles/vllm_instance/tasks/publish.yml sets it."""
+    """A host's vllm_instance_published as roles/vllm_instance/tasks/publish.yml sets it."""
     host_settings = settings(**kw)
     address = "10.0.0.11" if role == "prefill" else "10.0.0.21"
     if instances is None:
@@ -73,9 +74,9 @@ def hostvars(prefill: dict | None = None, decode: dict | None = None, variables:
     """(hostvars, groups) of p1 (prefill), d1 (decode) and r1 (router): ``both`` goes to the published
     settings of both hosts, ``variables`` into both hosts' inventory variables."""
     out = {
-        "p1": {"__vllm_instance_preflight": published("prefill", **{**both, **(prefill or {})}), **(variables or {})},
-        "d1": {"__vllm_instance_preflight": published("decode", **{**both, **(decode or {})}), **(variables or {})},
-        "r1": {"vllm_router_api_keys": ["router-client-key-000001"]},
+        "p1": {"vllm_instance_published": published("prefill", **{**both, **(prefill or {})}), **(variables or {})},
+        "d1": {"vllm_instance_published": published("decode", **{**both, **(decode or {})}), **(variables or {})},
+        "r1": {"vllm_router_published": router()},
     }
     return out, {"prefill": ["p1"], "decode": ["d1"], "router": ["r1"]}
 
@@ -252,7 +253,7 @@ def test_a_refusal_names_host_instance_and_the_variable_it_comes_from():
                   "overrides": {"extra_args": ["--hf-token", SECRET]}}]
     hv, groups = hostvars(prefill={"instances": instances})
     # publish.yml leaves extra_args out of what it publishes: the preflight reads the inventory variable.
-    for entry in hv["p1"]["__vllm_instance_preflight"]["instances"]:
+    for entry in hv["p1"]["vllm_instance_published"]["instances"]:
         entry["overrides"].pop("extra_args", None)
         entry["settings"].pop("extra_args", None)
     hv["p1"]["vllm_instance_instances"] = instances
@@ -460,7 +461,8 @@ def test_pd_preflight_checks_the_instance_key_without_showing_it(key, valid):
 
 def test_pd_preflight_checks_the_client_keys_without_showing_them():
     hv, groups = hostvars()
-    hv["r1"]["vllm_router_api_keys"] = ["router-client-key-000001", "short-KEY", "bad key with space 0001"]
+    # As roles/vllm_router/tasks/publish.yml publishes three keys of which two are not usable: no key itself.
+    hv["r1"]["vllm_router_published"] = router(api_keys_count=3, api_keys_invalid=2)
     lines = pf.pd_preflight(hv, groups)
     (line,) = [line for line in lines if names(line, "vllm_router_api_keys")]
     assert line.startswith("[secrets] r1: vllm_router_api_keys: 2 of its keys are not usable (not shown)")

@@ -416,7 +416,7 @@ def _preflight(tmp_path, name: str) -> subprocess.CompletedProcess[str]:
     inv = inventory(["r1"], **shape)
     for group in ("prefill", "decode"):
         for host in inv[group]["hosts"]:
-            inv[group]["hosts"][host]["__vllm_instance_published"] = PUBLISHED[host]
+            inv[group]["hosts"][host]["vllm_instance_published"] = PUBLISHED[host]
     return run_playbook(
         tmp_path,
         name,

@@ -76,7 +76,7 @@ def _preflight_accepts(setting: str, value: Any) -> bool:
         "model_facts": dict(SMOL), "kv_transfer_backend": "nixl", "vllm_version": "0.32.0", "vllm_variant": "cpu",
         "api_key_set": True, "api_key_broken": False, "unsupported": {}, "booleans": {},
     }
-    lines = pf.pd_preflight({"d1": {"__vllm_instance_preflight": published}},
+    lines = pf.pd_preflight({"d1": {"vllm_instance_published": published}},
                             {"prefill": [], "decode": ["d1"], "router": []}, {"pd_enabled": False})
     return not [line for line in lines if f"vllm_instance_{setting}" in line]
 

@@ -11,7 +11,7 @@ from ansible_collections.inferops.vllm.plugins.filter.pd import FilterModule, pd
 
 def published(address, instances, **settings):
     return {
-        "__vllm_instance_published": {
+        "vllm_instance_published": {
             "pd_role": "x",
             "address": address,
             "served_model_name": "m",

@@ -16,7 +16,7 @@ FILTERS = Path(__file__).resolve().parents[4] / "plugins" / "filter"
 
 def published(address, instances, **settings):
     return {
-        "__vllm_instance_published": {
+        "vllm_instance_published": {
             "pd_role": "x",
             "address": address,
             "served_model_name": "m",

@@ -59,7 +59,9 @@ def instance(role: str, instances: list[dict[str, Any]] | None = None, *, addres
 
 
 def router(**kw: Any) -> dict[str, Any]:
-    base = {"port": 8300, "metrics_port": 29000, "front_port": 8000, "api_keys_count": 1, "api_keys_broken": False,
+    """What roles/vllm_router/tasks/publish.yml publishes (vllm_router_published), with the role's defaults."""
+    base = {"port": 8300, "metrics_port": 29000, "front_port": 8000, "replicas": 2, "api_keys_count": 1,
+            "api_keys_invalid": 0, "api_keys_not_a_list": False, "api_keys_broken": False,
             "allow_unauthenticated": False, "tls_certificate": False, "tls_key": False}
     base.update(kw)
     return base
@@ -132,7 +134,7 @@ def test_a_crashing_check_is_reported_and_the_others_still_run(monkeypatch):
 
 def test_host_variables_work_as_input():
     published, groups = inventory(decode={"d1": instance("decode", enforce_eager="yes")})
-    hostvars = {h: {"__vllm_instance_preflight": e["instance"], "__inferops_router_preflight": e["router"]}
+    hostvars = {h: {"vllm_instance_published": e["instance"], "vllm_router_published": e["router"]}
                 for h, e in published.items()}
     one(pd_preflight(hostvars, groups), "booleans", "d1")
 
@@ -151,31 +153,44 @@ class HostVars(dict):
         return value
 
 
-def test_router_settings_are_read_from_host_variables_with_the_documented_defaults():
+def test_router_settings_are_read_from_its_published_record():
     published, groups = inventory()
-    hostvars = {h: {"__vllm_instance_preflight": e["instance"]} for h, e in published.items() if e["instance"]}
-    hostvars["r1"] = {"vllm_router_api_keys": ["k" * 20], "vllm_router_front_port": 8300}
-    one(pd_preflight(hostvars, groups), "ports", "r1: vllm_router_front_port, vllm_router_port: port 8300")
-    hostvars["r1"] = {"vllm_router_api_keys": [], "vllm_router_allow_unauthenticated": True,
+    hostvars = {h: {"vllm_instance_published": e["instance"]} for h, e in published.items() if e["instance"]}
+    # A setting given only as the role publishes it: the preflight checks that value, not a copy of the defaults.
+    hostvars["r1"] = {"vllm_router_published": router(front_port=8300), "vllm_router_front_port": 8000}
+    line = one(pd_preflight(hostvars, groups), "ports", "r1: vllm_router_front_port, vllm_router_port: port 8300")
+    assert "(default 8300)" in line and "(default 29000)" in line and "(default 8000)" in line
+    hostvars["r1"] = {"vllm_router_published": router(api_keys_count=0, allow_unauthenticated=True),
                       "inferops_allow_shared_hosts": False}
     # Keys not required, so neither are the instances'.
     assert pd_preflight(hostvars, groups) == []
-    hostvars["r1"] = {}
+    hostvars["r1"] = {"vllm_router_published": router(api_keys_count=0)}
     one(pd_preflight(hostvars, groups), "secrets", "r1: vllm_router_api_keys: lists no client key")
+    # A router host's inventory variables alone are not read: the record is.
+    hostvars["r1"] = {"vllm_router_front_port": 8300, "vllm_router_api_keys": ["k" * 20]}
+    assert "[ports]" not in "".join(pd_preflight(hostvars, groups))
+
+
+def test_no_copy_of_the_router_defaults():
+    assert not hasattr(pf, "ROUTER_DEFAULTS")
+    assert not hasattr(pf, "ROUTER_FACT")
+    assert "8300" not in pf.__file__ and "8300" not in open(pf.__file__, encoding="utf-8").read()
 
 
 def test_unresolvable_router_variables_are_reported():
     published, groups = inventory()
-    hostvars = {h: {"__vllm_instance_preflight": e["instance"]} for h, e in published.items() if e["instance"]}
-    hostvars["r1"] = HostVars(vllm_router_api_keys="raise", vllm_router_tls_certificate="raise")
+    hostvars = {h: {"vllm_instance_published": e["instance"]} for h, e in published.items() if e["instance"]}
+    # How the publish tasks publish variables that refer to something undefined.
+    hostvars["r1"] = {"vllm_router_published": router(api_keys_count=0, api_keys_broken=True, tls_certificate=True)}
     found = pd_preflight(hostvars, groups)
     assert found[0].startswith("[secrets] r1: vllm_router_api_keys: refers to an undefined variable")
     assert found[1].startswith("[secrets] r1: vllm_router_tls_certificate, vllm_router_tls_key: only one of them")
-    hostvars["r1"] = {"vllm_router_api_keys": [Undefined()], "vllm_router_port": Undefined()}
+    hostvars["r1"] = {"vllm_router_published": router(api_keys_count=0, api_keys_broken=True,
+                                                      port="(undefined variable)")}
     found = pd_preflight(hostvars, groups)
     one(found, "ports", "r1: vllm_router_port: is '(undefined variable)', not a port")
     assert any("vllm_router_api_keys: refers to an undefined variable" in p for p in found)
-    hostvars["r1"] = {"vllm_router_api_keys": "one-key-as-a-string"}
+    hostvars["r1"] = {"vllm_router_published": router(api_keys_count=0, api_keys_not_a_list=True)}
     one(pd_preflight(hostvars, groups), "secrets", "r1: vllm_router_api_keys: is not a list of keys.")
 
 
@@ -197,9 +212,9 @@ class LazyVars(Mapping):
 
 def test_host_variables_named_like_the_plain_data_keys():
     published, groups = inventory()
-    hostvars = {h: LazyVars(__vllm_instance_preflight=e["instance"], router="yes", instance=1)
+    hostvars = {h: LazyVars(vllm_instance_published=e["instance"], router="yes", instance=1)
                 for h, e in published.items() if e["instance"]}
-    hostvars["r1"] = LazyVars(router="gw", vllm_router_api_keys=["k" * 20])
+    hostvars["r1"] = LazyVars(router="gw", vllm_router_published=router())
     assert pd_preflight(hostvars, groups) == []
     assert len(kv_sizing(hostvars, groups)) == 2
 
@@ -323,7 +338,7 @@ def test_a_port_must_be_a_port():
 def test_router_ports_distinct_with_the_documented_defaults():
     one(problems(routers={"r1": router(front_port=8300)}), "ports",
         "r1: vllm_router_front_port, vllm_router_port: port 8300 is used by", "default 29000")
-    one(problems(routers={"r1": router(port=None, metrics_port=8300)}), "ports", "port 8300")
+    one(problems(routers={"r1": router(metrics_port=8300)}), "ports", "port 8300")
 
 
 def test_router_ports_against_instance_ports_on_a_shared_host():

@@ -26,12 +26,13 @@ def ports(found: list[str]) -> list[str]:
 
 
 def from_host_variables(**router_vars: Any) -> list[str]:
-    """The problems of the default inventory whose router host r1 has ``router_vars`` as inventory variables
-    (how playbooks/preflight.yml passes a router host: hostvars, nothing published)."""
+    """The problems of the default inventory whose router host r1 has ``router_vars`` as inventory variables,
+    as roles/vllm_router/tasks/publish.yml publishes them (vllm_router_published, the role's defaults else)."""
     published, groups = inventory()
-    hostvars: dict[str, Any] = {h: {"__vllm_instance_preflight": e["instance"]}
+    hostvars: dict[str, Any] = {h: {"vllm_instance_published": e["instance"]}
                                 for h, e in published.items() if e["instance"]}
-    hostvars["r1"] = {"vllm_router_api_keys": [KEY], **router_vars}
+    record = router(**{key.removeprefix("vllm_router_"): value for key, value in router_vars.items()})
+    hostvars["r1"] = {"vllm_router_published": record}
     return pd_preflight(hostvars, groups)
 
 
@@ -105,7 +106,7 @@ def test_replicas_on_different_router_hosts_do_not_collide():
     assert ports(problems(routers=routers)) == []
 
 
-# --- router host variables (what playbooks/preflight.yml passes) -----------------------------------
+# --- router host variables (as the role publishes them for playbooks/preflight.yml) -----------------------------------
 
 
 def test_host_variables_default_to_two_replicas():
