@@ -13,11 +13,16 @@ Which rule lives where (one place per rule):
                           prefill/decode parity, model and topology, quantization, capacity, removed
                           settings, client and drain timeouts, addresses, keys, booleans, and (the
                           launcher check) each instance's TOML through the launcher's own validate().
+    _front_fallback.py    the front's fallback endpoints (vllm_router_front_fallbacks: name, URL and
+                          clear text, key rule, model map against the served names, timeouts, body size),
+                          run here by the ``fallbacks`` check and by the vllm_router role's preflight through
+                          the front_fallback_problems filter (plugins/module_utils/).
     _vllm_vocabulary.py   what vLLM accepts and what ``auto`` resolves to (plugins/module_utils/, shared
                           with the launcher on the hosts); _model_facts.py, _pd_instance.py and
                           _kv_sizing.py beside it: the model's facts, an instance's resolved settings and
                           its KV sizing.
-    the roles             rules that need facts or the host: /dev/shm (vllm_instance), GPU memory and
+    the roles             rules that need facts or the host: the fallbacks' DNS resolver (vllm_router),
+                          /dev/shm (vllm_instance), GPU memory and
                           GPU assignment (the gpu_assign filter in vllm_instance's configure), nft's
                           verdict on addresses that need facts (vllm_firewall).
     argument specs        types, and choices where no better message exists behind them.
@@ -51,6 +56,7 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
+from ansible_collections.inferops.vllm.plugins.module_utils import _front_fallback as front_fallback
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
 from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import kind as _kind
 from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import (
@@ -89,6 +95,11 @@ API_KEY_RULE = "16 or more characters of A-Z a-z 0-9 . _ ~ + / = - (RFC 6750 bea
 ROUTER_DEFAULTS = {"port": 8300, "metrics_port": 29000, "front_port": 8000, "replicas": 2}
 ROUTER_VARS = {"port": "vllm_router_port", "metrics_port": "vllm_router_metrics_port",
                "front_port": "vllm_router_front_port"}
+# The front's fallback settings the fallbacks check reads (module_utils/_front_fallback.py's keys).
+FALLBACK_SETTINGS = {"first_byte_timeout": "vllm_router_front_fallback_first_byte_timeout",
+                     "on_rate_limit": "vllm_router_front_fallback_on_rate_limit",
+                     "max_body_size": "vllm_router_front_fallback_max_body_size",
+                     "front_max_body_size": "vllm_router_front_max_body_size"}
 # The slowest generation speed to plan for (inferops_min_tokens_per_second): the client check and
 # the drain check measure the longest allowed request (max_model_len tokens) with it.
 DEFAULT_MIN_TOKENS_PER_SECOND = 20
@@ -104,7 +115,7 @@ UNPUBLISHED_SETTINGS = ("environment", "extra_args")
 INSTANCE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quantization", "capacity",
-          "unsupported", "launcher", "client", "drain", "network", "secrets", "booleans")
+          "unsupported", "launcher", "client", "drain", "network", "secrets", "fallbacks", "booleans")
 
 
 def _load_launcher() -> ModuleType:
@@ -254,6 +265,13 @@ def _router_from_vars(variables: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("tls_certificate", "tls_key"):
         value, state = _var(variables, f"vllm_router_{key}")
         out[key] = state == "broken" or bool(value)
+    fallbacks, state = _var(variables, "vllm_router_front_fallbacks")
+    out["fallbacks_broken"] = state == "broken"
+    out["fallbacks"] = front_fallback.redact(fallbacks) if state == "set" else []
+    for key, name in FALLBACK_SETTINGS.items():
+        value, state = _var(variables, name)
+        if state == "set":
+            out.setdefault("fallback_settings", {})[key] = value
     return out
 
 
@@ -991,6 +1009,20 @@ def _check_secrets(rep: _Report, inv: _Inventory) -> None:
                     "set vllm_instance_api_key (vaulted, in group_vars/all so the router presents the same key).")
 
 
+def _check_fallbacks(rep: _Report, inv: _Inventory) -> None:
+    """The front's fallback endpoints (module_utils/_front_fallback.py); keys are never shown."""
+    served = {_text(inst.published.get("served_model_name")) for inst in inv.instances}
+    for host, pub in inv.router_pub.items():
+        if pub.get("fallbacks_broken"):
+            rep.add("fallbacks", host, front_fallback.VARIABLE,
+                    "refers to an undefined variable (is the vault file loaded? --ask-vault-pass / --vault-id).",
+                    "define the vaulted endpoint keys it refers to.")
+            continue
+        for variable, what, fix in front_fallback.problems(pub.get("fallbacks"), served,
+                                                           pub.get("fallback_settings")):
+            rep.add("fallbacks", host, variable, what, fix)
+
+
 def _bool_problem(rep: _Report, host: str | None, variable: str, value: Any, nullable: bool = False) -> None:
     if _is_bool(value) or (nullable and value is None):
         return
@@ -1093,6 +1125,7 @@ def _preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
         ("drain", lambda: _check_drain(rep, inv, opts)),
         ("network", lambda: (_check_network(rep, inv), _check_firewall(rep, inv))),
         ("secrets", lambda: (_check_secrets(rep, inv), _check_instance_keys(rep, inv))),
+        ("fallbacks", lambda: _check_fallbacks(rep, inv)),
         ("booleans", lambda: _check_booleans(rep, inv, opts)),
         # Last: it leaves out what the checks above already reported for the same instance and variable.
         ("launcher", lambda: _check_launcher(rep, inv)),
@@ -1224,8 +1257,17 @@ def instance_limits(published_by_host: Mapping[str, Any], groups: Mapping[str, A
             for inst in inv.instances]
 
 
+def front_fallback_problems(fallbacks: Any, served: Any = (), settings: Mapping[str, Any] | None = None) -> list[str]:
+    """The fallbacks check for one router host, as lines "<variable>: <what> Fix: <fix>" (see
+    front_fallback_problems.yml); the vllm_router role's preflight uses it when it runs on its own."""
+    served = [served] if isinstance(served, str) else list(served or [])
+    return [f"{variable}: {what} Fix: {fix}" for variable, what, fix in front_fallback.problems(
+        front_fallback.redact(fallbacks), served, settings)]
+
+
 class FilterModule:
     def filters(self):
         return {"pd_preflight": _pd_preflight_filter, "pd_preflight_warnings": pd_preflight_warnings,
-                "kv_sizing": kv_sizing, "launcher_problems": launcher_problems, "valid_api_key": valid_api_key,
+                "front_fallback_problems": front_fallback_problems, "kv_sizing": kv_sizing,
+                "launcher_problems": launcher_problems, "valid_api_key": valid_api_key,
                 "client_timeout": client_timeout, "instance_limits": instance_limits}
