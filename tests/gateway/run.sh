@@ -20,6 +20,12 @@ ansible-playbook -i "$REPO/tests/preflight/good" "$HERE/render.yml" -e "@$HERE/v
   || { cat "$work/render.log"; exit 1; }
 python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); print(*(f["api_key"] for f in v["vllm_router_front_fallbacks"]))' \
   "$HERE/vars.json" >"$work/cloud_keys"
+# The role's own check of the site before it goes live (the validate of "Configure the authenticating front").
+python3 - "$REPO/roles/vllm_router/tasks/configure.yml" >"$work/validate.sh" <<'PY'
+import sys, yaml
+(task,) = [t for t in yaml.safe_load(open(sys.argv[1])) if t.get("name") == "Configure the authenticating front"]
+print(task["ansible.builtin.template"]["validate"].replace("%s", "/etc/nginx/sites-available/inferops-vllm.conf"))
+PY
 
 echo "== container $NAME from $IMAGE"
 if ! podman container exists "$NAME"; then
@@ -32,6 +38,7 @@ fi
 podman exec "$NAME" bash -c 'rm -rf /gw && mkdir -p /gw'
 podman cp "$work/out/router-1" "$NAME:/gw/rendered"
 podman cp "$work/cloud_keys" "$NAME:/gw/cloud_keys"
+podman cp "$work/validate.sh" "$NAME:/gw/validate.sh"
 for f in setup_in_container.sh fake_local.py fake_cloud.py test_semantics.py; do podman cp "$HERE/$f" "$NAME:/gw/$f"; done
 podman exec "$NAME" bash -c 'nginx -v 2>&1; dpkg-query -W libnginx-mod-http-js'
 echo "== nginx -t on the rendered configuration, and start"

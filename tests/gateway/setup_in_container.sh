@@ -37,6 +37,8 @@ read -r KEY_A KEY_B < /gw/cloud_keys
 nohup python3 fake_local.py 18301 18302 > /tmp/gw/local.out 2>&1 & echo $! > /tmp/gw/local.pid
 nohup python3 fake_cloud.py 18443 a "$KEY_A" /tmp/gw/cloud.pem /tmp/gw/cloud.key > /tmp/gw/cloud_a.out 2>&1 & echo $! > /tmp/gw/cloud_a.pid
 nohup python3 fake_cloud.py 18444 b "$KEY_B" /tmp/gw/cloud.pem /tmp/gw/cloud.key > /tmp/gw/cloud_b.out 2>&1 & echo $! > /tmp/gw/cloud_b.pid
+# The role's validate of the site (a minimal nginx.conf with the enabled modules), then the whole configuration.
+bash /gw/validate.sh && echo "role's site validation: ok"
 nginx -t
 if [ -f /run/nginx.pid ] && kill -0 "$(cat /run/nginx.pid)" 2>/dev/null; then
     nginx -s quit; for _ in $(seq 50); do [ -f /run/nginx.pid ] || break; sleep 0.1; done
