@@ -26,11 +26,13 @@ install -m 0644 "$r/inferops-vllm-fallback-proxy.conf" /etc/nginx/
 install -m 0644 "$r/inferops-vllm-fallback.js" /etc/nginx/njs/
 for f in "$r"/inferops-vllm-fallback-[0-9]*.conf; do install -m 0600 -o root -g root "$f" /etc/nginx/; done
 # DNS for the endpoints' name (the rendered `resolver 127.0.0.1:5353`).
-[ -f /tmp/gw/dnsmasq.pid ] && kill "$(cat /tmp/gw/dnsmasq.pid)" 2>/dev/null || true
+if [ -f /tmp/gw/dnsmasq.pid ]; then kill "$(cat /tmp/gw/dnsmasq.pid)" 2>/dev/null || true; fi
 sleep 0.2
 dnsmasq --port=5353 --listen-address=127.0.0.1 --bind-interfaces --no-resolv --no-hosts --local=/cloud.test/ \
         --address=/cloud.test/127.0.0.1 --pid-file=/tmp/gw/dnsmasq.pid
-for f in local cloud_a cloud_b; do [ -f /tmp/gw/$f.pid ] && kill "$(cat /tmp/gw/$f.pid)" 2>/dev/null || true; done
+for f in local cloud_a cloud_b; do
+    if [ -f "/tmp/gw/$f.pid" ]; then kill "$(cat "/tmp/gw/$f.pid")" 2>/dev/null || true; fi
+done
 sleep 0.3
 echo ok > /tmp/gw/local_mode; echo ok > /tmp/gw/cloud_a_mode; echo ok > /tmp/gw/cloud_b_mode
 read -r KEY_A KEY_B < /gw/cloud_keys
