@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fake "cloud" OpenAI-compatible endpoint over HTTPS (certificate of a test CA, name cloud.test).
 
 usage: fake_cloud.py PORT NAME EXPECTED_KEY CERT KEY

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fake "local" OpenAI-compatible service (stands in for the vllm-router replicas).
 
 Listens on the ports given on the command line (one per router replica). What it answers is

@@ -1,4 +1,4 @@
-#!/bin/bash
+# shellcheck shell=bash
 # Inside the test container (Debian 12 with nginx-light, libnginx-mod-http-js, python3, openssl,
 # dnsmasq-base): install the ROLE-RENDERED front from /gw/rendered, a test CA and certificate for
 # cloud.test, a DNS server that answers cloud.test (nginx resolves endpoint names per request), the

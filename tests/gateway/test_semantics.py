@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Semantic tests of the front's fallback (roles/vllm_router with vllm_router_front_fallbacks), run inside
 the test container on the ROLE-RENDERED configuration, after setup_in_container.sh (tests/gateway/run.sh
 does both). Adapted from the research prototype's tests (issue #13). Plain python3: urllib/http.client
@@ -119,10 +118,10 @@ def reset():
 
 def main():
     reset()
-    m0, _ = metrics()
+    m0, _unused = metrics()
 
     # 1. Local path.
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     check("local ok: 200, X-Inferops-Served-By: local, model unchanged",
           s == 200 and h.get("x-inferops-served-by") == "local" and json.loads(b)["model"] == MODEL,
           f"{s} {h.get('x-inferops-served-by')}")
@@ -133,7 +132,7 @@ def main():
     # 2. Fallback on 503 (no healthy decode), JSON and SSE.
     mode("local", "503")
     na = len(cloud_reqs("a"))
-    s, h, b, _ = post(chat(content="h\u00e9llo \u4e16\u754c"))
+    s, h, b, _unused = post(chat(content="h\u00e9llo \u4e16\u754c"))
     j = json.loads(b)
     cr = cloud_reqs("a")[na:]
     check("local 503 -> fallback (JSON): 200, served by fallback",
@@ -177,7 +176,7 @@ def main():
     # 3. Other 5xx and the local service's own 429.
     for m in ("500", "502", "429"):
         mode("local", m)
-        s, h, b, _ = post(chat())
+        s, h, b, _unused = post(chat())
         check(f"local {m} -> fallback", s == 200 and h.get("x-inferops-served-by") == "fallback",
               f"{s} {h.get('x-inferops-served-by')}")
 
@@ -185,15 +184,15 @@ def main():
     for m in ("400", "401", "404"):
         mode("local", m)
         na = len(cloud_reqs("a"))
-        s, h, b, _ = post(chat())
+        s, h, b, _unused = post(chat())
         check(f"local {m} -> passed to the client as is, no fallback",
               s == int(m) and h.get("x-inferops-served-by") == "local" and b"local says" in b
               and len(cloud_reqs("a")) == na, f"{s} {h.get('x-inferops-served-by')}")
     mode("local", "ok")
     na = len(cloud_reqs("a"))
-    s, h, b, _ = post(chat(), key="wrong-key")
+    s, h, b, _unused = post(chat(), key="wrong-key")
     check("front's own 401 (bad client key): 401, no fallback", s == 401 and len(cloud_reqs("a")) == na, str(s))
-    s, h, b, _ = post(chat(), path="/v1/workers")
+    s, h, b, _unused = post(chat(), path="/v1/workers")
     check("unknown route: 404, no fallback", s == 404 and len(cloud_reqs("a")) == na, str(s))
 
     # 5. A stream that started is never switched.
@@ -207,7 +206,7 @@ def main():
     # 6. First-byte timeout (proxy_read_timeout 2 s; the local side answers after 5 s).
     mode("local", "slow")
     t = time.monotonic()
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     dt = time.monotonic() - t
     check("local silent past the first-byte timeout (2 s) -> fallback",
           s == 200 and h.get("x-inferops-served-by") == "fallback" and 1.9 < dt < 3.5, f"{s} {dt:.2f}s")
@@ -215,7 +214,7 @@ def main():
 
     # 7. Connection refused (both router replicas down).
     stop_local()
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     check("local refused (every replica down) -> fallback", s == 200 and h.get("x-inferops-served-by") == "fallback",
           f"{s} {h.get('x-inferops-served-by')}")
     s, h, b, c = post(chat(stream=True))
@@ -226,13 +225,13 @@ def main():
     # 8. 429 from our own limit_req (20 r/s, burst 40): a burst of 70 requests.
     mode("local", "ok")
     time.sleep(2.5)  # the bucket refills
-    before, _ = metrics()
+    before, _unused = metrics()
     sts, by = [], []
-    for _ in range(70):
-        s, h, b, _ = post(chat())
+    for _unused in range(70):
+        s, h, b, _unused = post(chat())
         sts.append(s)
         by.append(h.get("x-inferops-served-by"))
-    after, _ = metrics()
+    after, _unused = metrics()
     d = mdelta(before, after)
     check("burst of 70 over the key's limit: every request 200, the excess served by the fallback",
           all(x == 200 for x in sts) and by.count("fallback") > 0
@@ -244,7 +243,7 @@ def main():
     mode("local", "503")
     mode("cloud_a", "503")
     nb = len(cloud_reqs("b"))
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     crb = cloud_reqs("b")[nb:]
     check("local 503 + cloud-a 503 -> cloud-b: 200, its path /openai/v1/..., its model name, its key, "
           "answer's model the client's",
@@ -253,20 +252,20 @@ def main():
           and crb[0]["key_ok"], json.dumps(crb))
     # 10. A fallback refusing our key: its 401 body quotes the key; the client never sees it.
     mode("cloud_a", "401")
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     check("cloud-a answers 401 (quoting the key) -> next endpoint serves, key not in the answer",
           s == 200 and h.get("x-inferops-served-by") == "fallback" and not any(k.encode() in b for k in CLOUD_KEYS),
           str(s))
     mode("cloud_b", "401")
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     check("every endpoint 401: client gets 502 fallback_unavailable, no key in the answer",
           s == 502 and b"fallback_unavailable" in b and not any(k.encode() in b for k in CLOUD_KEYS), f"{s} {b[:80]!r}")
     mode("cloud_b", "503")
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     check("local and every endpoint 503: client gets the last endpoint's 503", s == 503, str(s))
     mode("cloud_a", "400")
     mode("cloud_b", "ok")
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     check("a fallback's 400 (client error) is the answer, not tried on the next endpoint",
           s == 400 and h.get("x-inferops-served-by") == "fallback", str(s))
     reset()
@@ -275,16 +274,16 @@ def main():
     mode("local", "503")
     big = "x" * (2 * 1024 * 1024) + " \u00e9\u4e16"
     na = len(cloud_reqs("a"))
-    s, h, b, _ = post(chat(content=big))
+    s, h, b, _unused = post(chat(content=big))
     cr = cloud_reqs("a")[na:]
     check("2 MiB body (over the old 1m buffer) -> fallback gets it whole with its model name",
           s == 200 and len(cr) == 1 and cr[0]["model"] == "gpt-cloud-mini" and cr[0]["body_len_ok"]
           and cr[0]["messages_len"] == len(json.dumps([{"role": "user", "content": big}])),
           f"{s} {json.dumps(cr)[:200]}")
-    s, h, b, _ = post(chat(content="y" * (5 * 1024 * 1024)))
+    s, h, b, _unused = post(chat(content="y" * (5 * 1024 * 1024)))
     check("5 MiB body, over the fallback's limit (4 MiB): 503 saying so, nothing sent to the cloud",
           s == 503 and b"larger than the fallback accepts" in b and len(cloud_reqs("a")) == na + 1, str(s))
-    s, h, b, _ = post(b"this is not json")
+    s, h, b, _unused = post(b"this is not json")
     check("body not JSON -> passed on as it is (the endpoint's 400 is the answer)", s == 400, str(s))
     mode("local", "ok")
 
@@ -297,7 +296,7 @@ def main():
     time.sleep(1)
     mode("local", "503")
     na = len(cloud_reqs("a"))
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     err = open("/var/log/nginx/inferops-vllm.error.log").read()
     check("endpoint certificate not trusted -> not used (503 unavailable), error log says why",
           s == 503 and b"unavailable" in b and len(cloud_reqs("a")) == na and "certificate verify" in err, str(s))
@@ -347,27 +346,27 @@ def main():
         os.kill(int(f.read()), signal.SIGTERM)
     time.sleep(0.5)
     subprocess.run(["nginx", "-s", "quit"], check=True, capture_output=True)
-    for _ in range(50):
+    for _unused in range(50):
         if not os.path.exists("/run/nginx.pid"):
             break
         time.sleep(0.1)
-    started = subprocess.run(["nginx"], capture_output=True, text=True)
+    started = subprocess.run(["nginx"], capture_output=True, text=True, check=False)
     time.sleep(0.5)
     mode("local", "ok")
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     check("DNS down: nginx starts all the same (names resolved per request) and serves locally",
           started.returncode == 0 and s == 200 and h.get("x-inferops-served-by") == "local",
           f"start rc={started.returncode} {started.stderr.strip()[:120]} -> {s}")
     mode("local", "503")
     t = time.monotonic()
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     check("DNS down, local 503: JSON 503 unavailable (no endpoint resolves), within the resolver timeout",
           s == 503 and b"unavailable" in b and time.monotonic() - t < 12, f"{s} {b[:80]!r} {time.monotonic() - t:.1f}s")
     subprocess.run(["dnsmasq", "--port=5353", "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv",
                     "--no-hosts", "--local=/cloud.test/", "--address=/cloud.test/127.0.0.1",
                     f"--pid-file={GW}/dnsmasq.pid"], check=True)
     time.sleep(0.5)
-    s, h, b, _ = post(chat())
+    s, h, b, _unused = post(chat())
     check("DNS back: the fallback serves again, without an nginx restart or reload",
           s == 200 and h.get("x-inferops-served-by") == "fallback", f"{s} {h.get('x-inferops-served-by')}")
     mode("local", "ok")
@@ -394,7 +393,7 @@ def main():
     check("key file is 0600 root", (st.st_mode & 0o777) == 0o600 and st.st_uid == 0, oct(st.st_mode & 0o777))
 
     reset()
-    passed = sum(1 for _, ok in RESULTS if ok)
+    passed = sum(1 for _unused, ok in RESULTS if ok)
     print(f"{passed} passed, {len(RESULTS) - passed} failed")
     sys.exit(0 if passed == len(RESULTS) else 1)
 
