@@ -30,7 +30,7 @@ PY
 
 echo "== container $NAME from $IMAGE"
 if ! podman container exists "$NAME"; then
-  podman run -d --init --name "$NAME" --cpus 1 "$IMAGE" sleep infinity >/dev/null
+  podman run -d --name "$NAME" --cpus 1 "$IMAGE" sleep infinity >/dev/null
 fi
 if ! podman exec "$NAME" test -e /usr/lib/nginx/modules/ngx_http_js_module.so; then
   podman exec "$NAME" bash -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
