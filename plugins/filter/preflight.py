@@ -13,11 +13,16 @@ Which rule lives where (one place per rule):
                           prefill/decode parity, model and topology, quantization, capacity, removed
                           settings, client and drain timeouts, addresses, keys, booleans, and (the
                           launcher check) each instance's TOML through the launcher's own validate().
+    _front_fallback.py    the front's fallback endpoints (vllm_router_front_fallbacks: name, URL and
+                          clear text, key rule, model map against the served names, timeouts, body size),
+                          run here by the ``fallbacks`` check and by the vllm_router role's preflight through
+                          the front_fallback_problems filter (plugins/module_utils/).
     _vllm_vocabulary.py   what vLLM accepts and what ``auto`` resolves to (plugins/module_utils/, shared
                           with the launcher on the hosts); _model_facts.py, _pd_instance.py and
                           _kv_sizing.py beside it: the model's facts, an instance's resolved settings and
                           its KV sizing.
-    the roles             rules that need facts or the host: /dev/shm (vllm_instance), GPU memory and
+    the roles             rules that need facts or the host: the fallbacks' DNS resolver (vllm_router),
+                          /dev/shm (vllm_instance), GPU memory and
                           GPU assignment (the gpu_assign filter in vllm_instance's configure), nft's
                           verdict on addresses that need facts (vllm_firewall).
     argument specs        types, and choices where no better message exists behind them.
@@ -52,6 +57,7 @@ from types import ModuleType
 from typing import Any
 
 import yaml
+from ansible_collections.inferops.vllm.plugins.module_utils import _front_fallback as front_fallback
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
 from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import kind as _kind
 from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import (
@@ -66,6 +72,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import ho
 from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import text as _text
 from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import to_float as _to_float
 from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import to_int as _to_int
+from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import undefined as _undefined
 
 try:
     from ansible.utils.display import Display
@@ -75,6 +82,8 @@ except ImportError:  # plain Python: the checks need no Ansible, only the warnin
 # The records the roles' publish tasks set (roles/vllm_instance/tasks/publish.yml, roles/vllm_router/tasks/publish.yml).
 INSTANCE_RECORD = "vllm_instance_published"
 ROUTER_RECORD = "vllm_router_published"
+# What a published record holds in place of a value that refers to an undefined variable.
+UNDEFINED = "(undefined variable)"
 
 # The launcher, relative to the collection root: this file is <root>/plugins/filter/preflight.py in a
 # checkout and in an installed collection (ansible_collections/inferops/vllm/...) alike.
@@ -106,7 +115,7 @@ UNPUBLISHED_SETTINGS = ("environment", "extra_args")
 INSTANCE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quantization", "capacity",
-          "unsupported", "launcher", "client", "drain", "network", "secrets", "booleans")
+          "unsupported", "launcher", "client", "drain", "network", "secrets", "fallbacks", "booleans")
 
 
 def _collection_paths(parts: tuple[str, ...]) -> list[str]:
@@ -978,6 +987,20 @@ def _check_secrets(rep: _Report, inv: _Inventory) -> None:
                     "set vllm_instance_api_key (vaulted, in group_vars/all so the router presents the same key).")
 
 
+def _check_fallbacks(rep: _Report, inv: _Inventory) -> None:
+    """The front's fallback endpoints (module_utils/_front_fallback.py); keys are never shown."""
+    served = {_text(inst.published.get("served_model_name")) for inst in inv.instances}
+    for host, pub in inv.router_pub.items():
+        if pub.get("fallbacks") == UNDEFINED:
+            rep.add("fallbacks", host, front_fallback.VARIABLE,
+                    "refers to an undefined variable (is the vault file loaded? --ask-vault-pass / --vault-id).",
+                    "define the vaulted endpoint keys it refers to.")
+            continue
+        for variable, what, fix in front_fallback.problems(pub.get("fallbacks"), served,
+                                                           pub.get("fallback_settings")):
+            rep.add("fallbacks", host, variable, what, fix)
+
+
 def _bool_problem(rep: _Report, host: str | None, variable: str, value: Any, nullable: bool = False) -> None:
     if _is_bool(value) or (nullable and value is None):
         return
@@ -1080,6 +1103,7 @@ def _preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
         ("drain", lambda: _check_drain(rep, inv, opts)),
         ("network", lambda: (_check_network(rep, inv), _check_firewall(rep, inv))),
         ("secrets", lambda: (_check_secrets(rep, inv), _check_instance_keys(rep, inv))),
+        ("fallbacks", lambda: _check_fallbacks(rep, inv)),
         ("booleans", lambda: _check_booleans(rep, inv, opts)),
         # Last: it leaves out what the checks above already reported for the same instance and variable.
         ("launcher", lambda: _check_launcher(rep, inv)),
@@ -1211,8 +1235,41 @@ def instance_limits(published_by_host: Mapping[str, Any], groups: Mapping[str, A
             for inst in inv.instances]
 
 
+def front_fallback_redact(fallbacks: Any) -> Any:
+    """vllm_router_front_fallbacks with every key replaced by a stand-in (see front_fallback_redact.yml), for the
+    router's published record; "(undefined variable)" when a value refers to an undefined variable."""
+    try:
+        plain = _resolved(fallbacks)
+    except Exception:  # noqa: BLE001 - Ansible's undefined-variable errors, without importing Ansible
+        return UNDEFINED
+    return UNDEFINED if plain is UNDEFINED else front_fallback.redact(plain)
+
+
+def _resolved(value: Any) -> Any:
+    """A plain copy of a value whose parts Ansible templates on access; UNDEFINED when one is undefined."""
+    if _undefined(value):
+        return UNDEFINED
+    if isinstance(value, Mapping):
+        out = {str(key): _resolved(item) for key, item in value.items()}
+        return UNDEFINED if any(item is UNDEFINED for item in out.values()) else out
+    if isinstance(value, (list, tuple)):
+        items = [_resolved(item) for item in value]
+        return UNDEFINED if any(item is UNDEFINED for item in items) else items
+    return value
+
+
+def front_fallback_problems(fallbacks: Any, served: Any = (), settings: Mapping[str, Any] | None = None) -> list[str]:
+    """The fallbacks check for one router host, as lines "<variable>: <what> Fix: <fix>" (see
+    front_fallback_problems.yml); the vllm_router role's preflight uses it when it runs on its own."""
+    served = [served] if isinstance(served, str) else list(served or [])
+    return [f"{variable}: {what} Fix: {fix}" for variable, what, fix in front_fallback.problems(
+        front_fallback.redact(fallbacks), served, settings)]
+
+
 class FilterModule:
     def filters(self):
         return {"pd_preflight": _pd_preflight_filter, "pd_preflight_warnings": pd_preflight_warnings,
-                "kv_sizing": kv_sizing, "launcher_problems": launcher_problems, "valid_api_key": valid_api_key,
+                "front_fallback_problems": front_fallback_problems,
+                "front_fallback_redact": front_fallback_redact, "kv_sizing": kv_sizing,
+                "launcher_problems": launcher_problems, "valid_api_key": valid_api_key,
                 "client_timeout": client_timeout, "instance_limits": instance_limits}

@@ -225,6 +225,23 @@ NGINX_EXPORTER = {
     "nginx_connections_waiting": set(),
     "nginx_http_requests_total": set(),
 }
+
+
+@functools.cache
+def front_metrics() -> dict[str, set[str]]:
+    """The front's own metrics (vllm_router's fallback counters), from the njs module that serves them:
+    each ``# TYPE <name>`` it prints, with the labels of the sample lines it builds (``name{a="..",b=".."}``)."""
+    text = (REPO / "roles" / "vllm_router" / "files" / "inferops-vllm-fallback.js").read_text(encoding="utf-8")
+    out: dict[str, set[str]] = {}
+    for m in re.finditer(r"# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge)", text):
+        name = m.group(1)
+        sample = re.search(re.escape(name) + r"\{(.*)", text[m.end():])
+        out[name] = set(re.findall(r"([a-z_]+)=\\?\"", sample.group(1))) if sample else set()
+    if not out:
+        pytest.fail("roles/vllm_router/files/inferops-vllm-fallback.js: no '# TYPE' line; did its metrics page change?")
+    return out
+
+
 PROMETHEUS_OWN = {"up": set(), "scrape_duration_seconds": set(), "ALERTS": {"alertname", "alertstate", "severity"}}
 # The labels roles/vllm_monitoring's scrape configuration gives every target (and Prometheus' own).
 TARGET_LABELS = {"job", "instance", "host", "role", "instance_name"}
@@ -265,11 +282,11 @@ def unknown_metrics(expressions: list[tuple[str, str]]) -> list[str]:
                     continue
                 allowed = ROUTER_LABELS | TARGET_LABELS
             else:
-                table = {**NODE_EXPORTER, **NGINX_EXPORTER, **PROMETHEUS_OWN}
+                table = {**NODE_EXPORTER, **NGINX_EXPORTER, **front_metrics(), **PROMETHEUS_OWN}
                 if name not in table:
                     problems.append(
                         f"{where}: {name} is exported by none of vLLM, vllm-router, node exporter, the nginx "
-                        "exporter or Prometheus itself"
+                        "exporter, the front's fallback page or Prometheus itself"
                     )
                     continue
                 allowed = table[name] | TARGET_LABELS

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbo
 
 GOOD = CASES_DIR / "good"
 CLIENT_KEY = "preflight-test-client-key-00001"
+# A fallback endpoint in the router's front; its key must never reach settings.json or the output.
+FRONT_FALLBACK = {"name": "openai", "url": "https://api.openai.com/v1",
+                  "api_key": "sk-test-cloud-key-not-for-clients-01", "models": {"smollm2-135m-instruct": "gpt-4o-mini"}}
 
 
 def _ca_pem() -> str:
@@ -86,6 +89,13 @@ def cases(tmp: Path) -> dict[str, tuple[Path, dict, str | None]]:
                            r"is only used when the front serves HTTPS .* it serves http\b"),
         "fallback_nowhere": (GOOD, {"vllm_client_config_routing": {"strategy": "x", "fallback_on_error": True}},
                              r"fallback_on_error needs another endpoint"),
+        "front_fallback": (GOOD, {"vllm_router_front_fallbacks": [FRONT_FALLBACK]}, None),
+        "front_fallback_elsewhere": (
+            GOOD, {"vllm_router_front_fallbacks": [FRONT_FALLBACK],
+                   "vllm_client_config_endpoints": {"cloud_fallback": "https://api.example.com/v1"}},
+            r"the front on router-1 falls back to its cloud endpoints itself \(vllm_router_front_fallbacks\), so "
+            r"clients keep one key and the front as their only endpoint; but vllm_client_config_endpoints names "
+            r"cloud_fallback, which is not the front\. Fix: remove the other endpoints"),
     }
 
 
@@ -182,8 +192,20 @@ def test_the_timeout_follows_the_minimum_rate(runs):
     assert json.loads((out / "settings.json").read_text())["timeout_seconds"] == pf.request_seconds(512, 7) == 74
 
 
+def test_a_front_with_fallbacks_is_local_first_with_fallback_on_error_and_the_front_only(runs):
+    run, out, _expected = runs["front_fallback"]
+    assert run.returncode == 0, _output(run)
+    _untouched(_output(run))
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["routing"] == {"strategy": "local_first", "fallback_on_error": True}
+    assert settings["endpoints"] == {"local_vllm": "http://192.0.2.5:8000/v1", "cloud_fallback": "http://192.0.2.5:8000/v1"}
+    assert settings["base_url"] == "http://192.0.2.5:8000"
+    written = "".join(p.read_text() for p in out.iterdir() if p.is_file())
+    assert FRONT_FALLBACK["api_key"] not in written + _output(run) and "api.openai.com" not in written
+
+
 @pytest.mark.parametrize("case", ["no_router", "loopback", "short_timeout", "key_as_name", "ca_without_tls",
-                                  "fallback_nowhere"])
+                                  "fallback_nowhere", "front_fallback_elsewhere"])
 def test_bad_input_is_refused_before_anything_is_written(runs, case):
     run, out, pattern = runs[case]
     output = " ".join(_output(run).split())

@@ -233,6 +233,40 @@ def rendered(tmp_path_factory) -> Path:
     return out
 
 
+FALLBACK = {"name": "cloud-a", "url": "https://api.example.com/v1", "api_key": "sk-test-fallback-key-0001",
+            "models": {"smollm2-135m-instruct": "gpt-4o-mini"}}
+
+
+@pytest.fixture(scope="module")
+def rendered_with_fallbacks(tmp_path_factory) -> Path:
+    """The same inventory with a fallback endpoint on the router (vllm_router_front_fallbacks)."""
+    tmp = tmp_path_factory.mktemp("monitoring-fallback")
+    out = tmp / "out"
+    out.mkdir()
+    run = run_playbook(
+        tmp, "render", plays(out, False), inventory(["r1"]),
+        extra={"_vllm_monitoring_promtool": promtool(), "vllm_router_front_fallbacks": [FALLBACK]},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert FALLBACK["api_key"] not in run.stdout + run.stderr
+    return out
+
+
+def test_fallback_counters_are_scraped_when_the_front_has_fallbacks(rendered, rendered_with_fallbacks):
+    def jobs(out):
+        config = yaml.safe_load((out / "r1" / "prometheus.yml").read_text(encoding="utf-8"))
+        return {j["job_name"]: j for j in config["scrape_configs"]}
+
+    assert "nginx-fallback" not in jobs(rendered)
+    job = jobs(rendered_with_fallbacks)["nginx-fallback"]
+    assert job["metrics_path"] == "/fallback_metrics"
+    assert job["static_configs"] == [{"targets": ["127.0.0.1:8090"], "labels": {"host": "r1", "role": "router"}}]
+    # The page it scrapes is on the front's loopback stub_status server.
+    site = (rendered_with_fallbacks / "r1" / "nginx-site.conf").read_text(encoding="utf-8")
+    status_server = site[site.index("listen 127.0.0.1:8090;"):]
+    assert "location = /fallback_metrics {\n        js_content inferops.metrics;" in status_server
+
+
 def test_scrape_targets_come_from_the_inventory(rendered):
     config = yaml.safe_load((rendered / "r1" / "prometheus.yml").read_text(encoding="utf-8"))
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}

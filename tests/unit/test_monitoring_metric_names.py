@@ -2,7 +2,8 @@
 
 The vLLM names (and their types, hence their sample names: counters end in _total, histograms have
 _bucket/_sum/_count) and labels are read from the pinned vLLM wheel in the wheelhouse at test time,
-vllm-router's from the strings of its Rust library in its pinned wheel; node exporter's and the nginx
+vllm-router's from the strings of its Rust library in its pinned wheel, the front's fallback counters from the njs
+module that serves them (roles/vllm_router/files/inferops-vllm-fallback.js); node exporter's and the nginx
 exporter's are listed in monitoring_support.py (they build their names at run time). A missing wheelhouse
 fails these tests with what to do, it does not skip them. The checker itself is shown to refuse names that
 the pinned vLLM does not export (the old vllm:gpu_cache_usage_perc, a counter without _total, ...).
@@ -37,6 +38,8 @@ def test_the_alert_rules_read_only_metrics_the_pinned_versions_export():
         ("rate(vllm_router_pd_request_total[5m])", "vllm_router_pd_request_total is not exported by vllm-router"),
         ("vllm_router_worker_healthy", "vllm_router_worker_healthy is not exported by vllm-router"),
         ("node_memory_available", "node_memory_available is exported by none of"),
+        ("inferops_vllm_front_fallback_total", "inferops_vllm_front_fallback_total is exported by none of"),
+        ('inferops_vllm_front_fallbacks_total{endpoint="x"}', "inferops_vllm_front_fallbacks_total has no label"),
     ],
 )
 def test_the_check_refuses_what_the_pinned_versions_do_not_export(expr, problem):
@@ -58,6 +61,7 @@ def test_what_the_check_accepts():
                     'vllm_router_worker_health{worker_role="decode"}',
                     'node_cpu_seconds_total{mode="idle"}',
                     "nginx_connections_active",
+                    'sum by (fallback, reason) (inferops_vllm_front_fallbacks_total{job="nginx-fallback"})',
                     "up",
                 )
             ]
@@ -85,6 +89,7 @@ def test_the_names_the_issue_asks_for_are_on_the_dashboard():
         "vllm_router_worker_health",
         "vllm_router_pd_request_duration_seconds_bucket",
         "nginx_http_requests_total",
+        "inferops_vllm_front_fallbacks_total",
         "node_cpu_seconds_total",
     }
     assert wanted <= used, sorted(wanted - used)

@@ -1,0 +1,402 @@
+"""Semantic tests of the front's fallback (roles/vllm_router with vllm_router_front_fallbacks), run inside
+the test container on the ROLE-RENDERED configuration, after setup_in_container.sh (tests/gateway/run.sh
+does both). Adapted from the research prototype's tests (issue #13). Plain python3: urllib/http.client
+only. Prints one line per check and a closing 'N passed, N failed' line; exits 1 on a failure."""
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+FRONT = "http://127.0.0.1:8000"
+KEY = "preflight-test-client-key-00001"  # tests/preflight/good's vllm_router_api_keys
+MODEL = "smollm2-135m-instruct"  # its served model name
+with open("/gw/cloud_keys") as _f:
+    CLOUD_KEYS = _f.read().split()
+GW = "/tmp/gw"
+RESULTS = []
+SEEN = []  # everything the client received (status line, headers, body), for the key check
+
+
+def check(name, ok, detail=""):
+    RESULTS.append((name, bool(ok)))
+    print(f"{'PASS' if ok else 'FAIL'}  {name}" + (f"  [{detail}]" if detail else ""), flush=True)
+
+
+def mode(which, m):
+    with open(f"{GW}/{which}_mode", "w") as f:
+        f.write(m)
+
+
+def lines(path):
+    try:
+        with open(path) as f:
+            return [json.loads(x) for x in f if x.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def cloud_reqs(name):
+    return lines(f"{GW}/cloud_{name}_requests.log")
+
+
+def post(body, key=KEY, path="/v1/chat/completions", timeout=30):
+    """One request; returns (status, headers dict lower-case, body bytes, complete?)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(FRONT + path, data=data, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {key}",
+                                          "Accept-Encoding": "gzip"})
+    complete = True
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, hdrs = r.status, {k.lower(): v for k, v in r.headers.items()}
+            try:
+                raw = r.read()
+            except http.client.IncompleteRead as e:
+                raw, complete = e.partial, False
+    except urllib.error.HTTPError as e:
+        status, hdrs, raw = e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+    SEEN.append(f"{status} {json.dumps(hdrs)} ".encode() + raw)
+    return status, hdrs, raw, complete
+
+
+def chat(stream=False, model=MODEL, content="hi"):
+    return {"model": model, "stream": stream, "messages": [{"role": "user", "content": content}]}
+
+
+def sse_models(raw):
+    out = []
+    for ln in raw.decode("utf-8", "replace").split("\n"):
+        if ln.startswith("data: ") and ln != "data: [DONE]":
+            out.append(json.loads(ln[6:])["model"])
+    return out
+
+
+def metrics():
+    with urllib.request.urlopen("http://127.0.0.1:8090/fallback_metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for m in re.finditer(r'fallback="([^"]+)",reason="([^"]+)"\} (\d+)', text):
+        out[(m.group(1), m.group(2))] = int(m.group(3))
+    return out, text
+
+
+def mdelta(before, after):
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+
+
+def start_local():
+    p = subprocess.Popen(["python3", "/gw/fake_local.py", "18301", "18302"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    with open(f"{GW}/local.pid", "w") as f:
+        f.write(str(p.pid))
+    time.sleep(0.5)
+
+
+def stop_local():
+    try:
+        with open(f"{GW}/local.pid") as f:
+            os.kill(int(f.read()), signal.SIGTERM)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    time.sleep(0.5)
+
+
+def reset():
+    mode("local", "ok")
+    mode("cloud_a", "ok")
+    mode("cloud_b", "ok")
+
+
+def main():
+    reset()
+    m0, _unused = metrics()
+
+    # 1. Local path.
+    s, h, b, _unused = post(chat())
+    check("local ok: 200, X-Inferops-Served-By: local, model unchanged",
+          s == 200 and h.get("x-inferops-served-by") == "local" and json.loads(b)["model"] == MODEL,
+          f"{s} {h.get('x-inferops-served-by')}")
+    s, h, b, c = post(chat(stream=True))
+    check("local ok stream: served by local, every chunk's model the client's",
+          s == 200 and h.get("x-inferops-served-by") == "local" and set(sse_models(b)) == {MODEL} and c)
+
+    # 2. Fallback on 503 (no healthy decode), JSON and SSE.
+    mode("local", "503")
+    na = len(cloud_reqs("a"))
+    s, h, b, _unused = post(chat(content="h\u00e9llo \u4e16\u754c"))
+    j = json.loads(b)
+    cr = cloud_reqs("a")[na:]
+    check("local 503 -> fallback (JSON): 200, served by fallback",
+          s == 200 and h.get("x-inferops-served-by") == "fallback"
+          and "cloud a" in j["choices"][0]["message"]["content"],
+          f"{s} {h.get('x-inferops-served-by')}")
+    check("fallback JSON answer: model is the client's (the client's, the cloud said gpt-cloud-mini-2024-07-18)",
+          j["model"] == MODEL, j["model"])
+    check("fallback request: cloud got its own model name, our cloud key, a correct Content-Length, "
+          "no client header but Accept/Content-Type (no Accept-Encoding, X-Forwarded-For)",
+          len(cr) == 1 and cr[0]["model"] == "gpt-cloud-mini" and cr[0]["key_ok"] and cr[0]["body_len_ok"]
+          and set(cr[0]["headers"]) <= {"Accept", "Authorization", "Content-Length", "Content-Type", "Host"}
+          and cr[0]["x_forwarded_for"] is None, json.dumps(cr[-1:]))
+    check("fallback answer: the cloud's Set-Cookie and openai-organization are not passed on",
+          "set-cookie" not in h and "openai-organization" not in h)
+    s, h, b, c = post(chat(stream=True))
+    models = sse_models(b)
+    check("local 503 -> fallback (SSE): 200, served by fallback, complete stream",
+          s == 200 and h.get("x-inferops-served-by") == "fallback" and c and b.rstrip().endswith(b"data: [DONE]"))
+    check("fallback SSE: every chunk's model is the client's (events split across reads, UTF-8 split)",
+          len(models) == 4 and set(models) == {MODEL}, str(models))
+    text = "".join(json.loads(ln[6:])["choices"][0]["delta"].get("content", "")
+                   for ln in b.decode().split("\n") if ln.startswith("data: {"))
+    check("fallback SSE: content intact (non-ASCII too)", text == "cloud says h\u00e9llo \u4e16\u754c", text)
+
+    # The fallback's stream goes out as it comes (the filter holds back only an incomplete line).
+    c = http.client.HTTPConnection("127.0.0.1", 8000, timeout=10)
+    t0 = time.monotonic()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(chat(stream=True)),
+              headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    r = c.getresponse()
+    first = r.readline()
+    t_first = time.monotonic() - t0
+    rest = r.read()
+    t_all = time.monotonic() - t0
+    c.close()
+    SEEN.append(first + rest)
+    check("fallback SSE is streamed: first event long before the last (cloud sends over ~0.25 s)",
+          first.startswith(b"data: ") and t_all - t_first > 0.15, f"first {t_first:.3f}s, all {t_all:.3f}s")
+
+    # 3. Other 5xx and the local service's own 429.
+    for m in ("500", "502", "429"):
+        mode("local", m)
+        s, h, b, _unused = post(chat())
+        check(f"local {m} -> fallback", s == 200 and h.get("x-inferops-served-by") == "fallback",
+              f"{s} {h.get('x-inferops-served-by')}")
+
+    # 4. No fallback on client errors.
+    for m in ("400", "401", "404"):
+        mode("local", m)
+        na = len(cloud_reqs("a"))
+        s, h, b, _unused = post(chat())
+        check(f"local {m} -> passed to the client as is, no fallback",
+              s == int(m) and h.get("x-inferops-served-by") == "local" and b"local says" in b
+              and len(cloud_reqs("a")) == na, f"{s} {h.get('x-inferops-served-by')}")
+    mode("local", "ok")
+    na = len(cloud_reqs("a"))
+    s, h, b, _unused = post(chat(), key="wrong-key")
+    check("front's own 401 (bad client key): 401, no fallback", s == 401 and len(cloud_reqs("a")) == na, str(s))
+    s, h, b, _unused = post(chat(), path="/v1/workers")
+    check("unknown route: 404, no fallback", s == 404 and len(cloud_reqs("a")) == na, str(s))
+
+    # 5. A stream that started is never switched.
+    mode("local", "stream_die")
+    na = len(cloud_reqs("a"))
+    s, h, b, c = post(chat(stream=True))
+    check("local stream dies after 2 chunks: client keeps the local stream (served by local), cut short, "
+          "no fallback", s == 200 and h.get("x-inferops-served-by") == "local" and len(sse_models(b)) == 2
+          and not c and len(cloud_reqs("a")) == na, f"{s} chunks={len(sse_models(b))} complete={c}")
+
+    # 6. First-byte timeout (proxy_read_timeout 2 s; the local side answers after 5 s).
+    mode("local", "slow")
+    t = time.monotonic()
+    s, h, b, _unused = post(chat())
+    dt = time.monotonic() - t
+    check("local silent past the first-byte timeout (2 s) -> fallback",
+          s == 200 and h.get("x-inferops-served-by") == "fallback" and 1.9 < dt < 3.5, f"{s} {dt:.2f}s")
+    mode("local", "ok")
+
+    # 7. Connection refused (both router replicas down).
+    stop_local()
+    s, h, b, _unused = post(chat())
+    check("local refused (every replica down) -> fallback", s == 200 and h.get("x-inferops-served-by") == "fallback",
+          f"{s} {h.get('x-inferops-served-by')}")
+    s, h, b, c = post(chat(stream=True))
+    check("local refused, stream -> fallback stream, models the client's",
+          s == 200 and c and set(sse_models(b)) == {MODEL})
+    start_local()
+
+    # 8. 429 from our own limit_req (20 r/s, burst 40): a burst of 70 requests.
+    mode("local", "ok")
+    time.sleep(2.5)  # the bucket refills
+    before, _unused = metrics()
+    sts, by = [], []
+    for _unused in range(70):
+        s, h, b, _unused = post(chat())
+        sts.append(s)
+        by.append(h.get("x-inferops-served-by"))
+    after, _unused = metrics()
+    d = mdelta(before, after)
+    check("burst of 70 over the key's limit: every request 200, the excess served by the fallback",
+          all(x == 200 for x in sts) and by.count("fallback") > 0
+          and d.get(("cloud-a", "limited"), 0) == by.count("fallback"),
+          f"local={by.count('local')} fallback={by.count('fallback')} counter+={d}")
+
+    # 9. Chain: first fallback down too -> second one (its own path, key, model name).
+    time.sleep(2.5)
+    mode("local", "503")
+    mode("cloud_a", "503")
+    nb = len(cloud_reqs("b"))
+    s, h, b, _unused = post(chat())
+    crb = cloud_reqs("b")[nb:]
+    check("local 503 + cloud-a 503 -> cloud-b: 200, its path /openai/v1/..., its model name, its key, "
+          "answer's model the client's",
+          s == 200 and h.get("x-inferops-served-by") == "fallback" and json.loads(b)["model"] == MODEL
+          and len(crb) == 1 and crb[0]["path"] == "/openai/v1/chat/completions" and crb[0]["model"] == "other-model"
+          and crb[0]["key_ok"], json.dumps(crb))
+    # 10. A fallback refusing our key: its 401 body quotes the key; the client never sees it.
+    mode("cloud_a", "401")
+    s, h, b, _unused = post(chat())
+    check("cloud-a answers 401 (quoting the key) -> next endpoint serves, key not in the answer",
+          s == 200 and h.get("x-inferops-served-by") == "fallback" and not any(k.encode() in b for k in CLOUD_KEYS),
+          str(s))
+    mode("cloud_b", "401")
+    s, h, b, _unused = post(chat())
+    check("every endpoint 401: client gets 502 fallback_unavailable, no key in the answer",
+          s == 502 and b"fallback_unavailable" in b and not any(k.encode() in b for k in CLOUD_KEYS), f"{s} {b[:80]!r}")
+    mode("cloud_b", "503")
+    s, h, b, _unused = post(chat())
+    check("local and every endpoint 503: client gets the last endpoint's 503", s == 503, str(s))
+    mode("cloud_a", "400")
+    mode("cloud_b", "ok")
+    s, h, b, _unused = post(chat())
+    check("a fallback's 400 (client error) is the answer, not tried on the next endpoint",
+          s == 400 and h.get("x-inferops-served-by") == "fallback", str(s))
+    reset()
+
+    # 11. Large body (2 MiB, over client_body_buffer_size 1m: nginx keeps it in a temp file).
+    mode("local", "503")
+    big = "x" * (2 * 1024 * 1024) + " \u00e9\u4e16"
+    na = len(cloud_reqs("a"))
+    s, h, b, _unused = post(chat(content=big))
+    cr = cloud_reqs("a")[na:]
+    check("2 MiB body (over the old 1m buffer) -> fallback gets it whole with its model name",
+          s == 200 and len(cr) == 1 and cr[0]["model"] == "gpt-cloud-mini" and cr[0]["body_len_ok"]
+          and cr[0]["messages_len"] == len(json.dumps([{"role": "user", "content": big}])),
+          f"{s} {json.dumps(cr)[:200]}")
+    s, h, b, _unused = post(chat(content="y" * (5 * 1024 * 1024)))
+    check("5 MiB body, over the fallback's limit (4 MiB): 503 saying so, nothing sent to the cloud",
+          s == 503 and b"larger than the fallback accepts" in b and len(cloud_reqs("a")) == na + 1, str(s))
+    s, h, b, _unused = post(b"this is not json")
+    check("body not JSON -> passed on as it is (the endpoint's 400 is the answer)", s == 400, str(s))
+    mode("local", "ok")
+
+    # 12. TLS verification: with a CA that did not sign the endpoint's certificate, no fallback.
+    shutil.copy("/etc/nginx/inferops-test-ca.pem", f"{GW}/ca.keep")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=other",
+                    "-keyout", f"{GW}/other.key", "-out", "/etc/nginx/inferops-test-ca.pem"], check=True,
+                   capture_output=True)
+    subprocess.run(["nginx", "-s", "reload"], check=True, capture_output=True)
+    time.sleep(1)
+    mode("local", "503")
+    na = len(cloud_reqs("a"))
+    s, h, b, _unused = post(chat())
+    err = open("/var/log/nginx/inferops-vllm.error.log").read()
+    check("endpoint certificate not trusted -> not used (503 unavailable), error log says why",
+          s == 503 and b"unavailable" in b and len(cloud_reqs("a")) == na and "certificate verify" in err, str(s))
+    shutil.copy(f"{GW}/ca.keep", "/etc/nginx/inferops-test-ca.pem")
+    subprocess.run(["nginx", "-s", "reload"], check=True, capture_output=True)
+    time.sleep(1)
+    mode("local", "ok")
+
+    # 14. 0 failed requests while the local pool goes down, stays down and comes back.
+    time.sleep(2.5)
+    fails, served, lock = [], {"local": 0, "fallback": 0}, threading.Lock()
+    stop_at = time.monotonic() + 9
+
+    def client(stream):
+        while time.monotonic() < stop_at:
+            try:
+                s, h, b, c = post(chat(stream=stream), key=KEY)
+                ok = s == 200 and c and (not stream or set(sse_models(b)) == {MODEL})
+                with lock:
+                    served[h.get("x-inferops-served-by")] = served.get(h.get("x-inferops-served-by"), 0) + 1
+                    if not ok:
+                        fails.append((s, stream))
+            except Exception as e:  # noqa: BLE001
+                with lock:
+                    fails.append((repr(e), stream))
+            time.sleep(0.02)
+    th = [threading.Thread(target=client, args=(x,)) for x in (False, True)]
+    for t in th:
+        t.start()
+    time.sleep(2.5)
+    mode("local", "503")      # no healthy decode: the router answers 503 (running streams finish)
+    time.sleep(1.5)
+    stop_local()              # then every replica gone: connection refused
+    time.sleep(2.5)
+    mode("local", "ok")
+    start_local()             # back
+    for t in th:
+        t.join()
+    check("local pool 503, then killed, then back, under load (9 s, JSON + SSE clients): 0 failed requests",
+          not fails and served["local"] > 0 and served["fallback"] > 0, f"served={served} fails={fails[:5]}")
+
+    # 14b. Endpoint names are resolved per request, not at start: with the DNS server down, nginx
+    # still starts and serves locally; the fallback is unavailable (JSON 503) until DNS answers again,
+    # without a restart.
+    time.sleep(2.5)
+    with open(f"{GW}/dnsmasq.pid") as f:
+        os.kill(int(f.read()), signal.SIGTERM)
+    time.sleep(0.5)
+    subprocess.run(["nginx", "-s", "quit"], check=True, capture_output=True)
+    for _unused in range(50):
+        if not os.path.exists("/run/nginx.pid"):
+            break
+        time.sleep(0.1)
+    started = subprocess.run(["nginx"], capture_output=True, text=True, check=False)
+    time.sleep(0.5)
+    mode("local", "ok")
+    s, h, b, _unused = post(chat())
+    check("DNS down: nginx starts all the same (names resolved per request) and serves locally",
+          started.returncode == 0 and s == 200 and h.get("x-inferops-served-by") == "local",
+          f"start rc={started.returncode} {started.stderr.strip()[:120]} -> {s}")
+    mode("local", "503")
+    t = time.monotonic()
+    s, h, b, _unused = post(chat())
+    check("DNS down, local 503: JSON 503 unavailable (no endpoint resolves), within the resolver timeout",
+          s == 503 and b"unavailable" in b and time.monotonic() - t < 12, f"{s} {b[:80]!r} {time.monotonic() - t:.1f}s")
+    subprocess.run(["dnsmasq", "--port=5353", "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv",
+                    "--no-hosts", "--local=/cloud.test/", "--address=/cloud.test/127.0.0.1",
+                    f"--pid-file={GW}/dnsmasq.pid"], check=True)
+    time.sleep(0.5)
+    s, h, b, _unused = post(chat())
+    check("DNS back: the fallback serves again, without an nginx restart or reload",
+          s == 200 and h.get("x-inferops-served-by") == "fallback", f"{s} {h.get('x-inferops-served-by')}")
+    mode("local", "ok")
+
+    # 15. The counter, readable over HTTP, agrees with the fallback log.
+    m1, text = metrics()
+    d = mdelta(m0, m1)
+    logged = open("/var/log/nginx/inferops-vllm.fallback.log").read().count("\n")
+    check("fallback counter on 127.0.0.1:8090/fallback_metrics: one tick per fallback (= lines of the fallback log)",
+          sum(m1.values()) == logged and sum(d.values()) > 0, f"total={sum(m1.values())} log_lines={logged} delta={d}")
+    print(text, end="")
+
+    # 16. The cloud keys: never in what the client got, nor in nginx's logs.
+    got = b"\n".join(SEEN)
+    logs = b""
+    for f in os.listdir("/var/log/nginx"):
+        with open(os.path.join("/var/log/nginx", f), "rb") as fh:
+            logs += fh.read()
+    for k in CLOUD_KEYS:
+        check(f"cloud key {k[:9]}... never in any answer the client got ({len(SEEN)} answers)", k.encode() not in got)
+        check(f"cloud key {k[:9]}... never in nginx's logs ({len(logs)} bytes in /var/log/nginx)",
+              k.encode() not in logs)
+    st = os.stat("/etc/nginx/inferops-vllm-fallback-0.conf")
+    check("key file is 0600 root", (st.st_mode & 0o777) == 0o600 and st.st_uid == 0, oct(st.st_mode & 0o777))
+
+    reset()
+    passed = sum(1 for _unused, ok in RESULTS if ok)
+    print(f"{passed} passed, {len(RESULTS) - passed} failed")
+    sys.exit(0 if passed == len(RESULTS) else 1)
+
+
+if __name__ == "__main__":
+    main()
