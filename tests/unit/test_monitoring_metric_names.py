@@ -27,6 +27,18 @@ def test_the_alert_rules_read_only_metrics_the_pinned_versions_export():
     assert not problems, "\n".join(problems)
 
 
+def test_the_front_fallback_alerts_read_only_what_the_fronts_njs_exports():
+    """The rules of a router host whose front has fallback endpoints add alerts on the front's own counter
+    (inferops_vllm_front_fallbacks_total): no wheel exports it, our njs module does (monitoring_support's
+    front_metrics reads its name and labels there), so it is checked against that module."""
+    front = {"_vllm_monitoring_is_router": True, "_vllm_monitoring_router": {"fallback_metrics_url": "http://x/y"}}
+    rules = prom_report.rules_from_text(prom_report.render_rules(front))
+    expressions = prom_report.rule_expressions(rules)
+    assert any("inferops_vllm_front_fallbacks_total" in expr for _where, expr in expressions)
+    problems = unknown_metrics(expressions)
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize(
     ("expr", "problem"),
     [

@@ -2,9 +2,13 @@
 promtool validation included), checked with `promtool check rules`, and run through `promtool test rules`
 with hand-written series that make each alert fire, and others (or earlier times) where it stays quiet.
 
-Two renderings: the role's defaults, and custom objectives, thresholds, `for` durations and alert labels,
-under which some series that are quiet by default fire (and one that fires by default is quiet). promtool
-is Debian 12's (scripts/promtool.sh), the Prometheus the role installs.
+Three renderings: the role's defaults; the defaults on a router host whose front has fallback endpoints
+(vllm_router_front_fallbacks), which adds the alerts on the front's fallback counters; and custom objectives,
+thresholds, `for` durations and alert labels (with fallbacks), under which some series that are quiet by
+default fire (and one that fires by default is quiet). The fallback alerts are rendered only where Prometheus
+scrapes the front's counters, which is also checked through the role's vars/main.yml with routers that have
+fallbacks and routers that do not. promtool is Debian 12's (scripts/promtool.sh), the Prometheus the role
+installs.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from monitoring_support import ANSIBLE_PLAYBOOK, ROLE, prom_report, promtool, ro
 
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")
 
+FRONT_ALERTS = {"InferopsFrontFallingBack", "InferopsFrontFallbackExhausted"}
+FALLBACK_METRICS_URL = "http://127.0.0.1:8090/fallback_metrics"
+
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text(encoding="utf-8"))
 CUSTOM = {
     "vllm_monitoring_slo_ttft_p99_seconds": 0.5,
@@ -30,8 +37,13 @@ CUSTOM = {
     "vllm_monitoring_kv_cache_usage_for": "2m",
     "vllm_monitoring_fallback_ratio": 0.3,
     "vllm_monitoring_alert_labels": {"team": "inference"},
+    "vllm_monitoring_front_fallback_window": "4m",
+    "vllm_monitoring_front_fallback_for": "3m",
 }
-RENDERINGS = {"defaults": {}, "custom": CUSTOM}
+# A router host whose front has fallback endpoints: what the role's vars/main.yml makes of vllm_router's published
+# record (the variables the template and prometheus.yml's nginx-fallback job read).
+FRONT = {"_vllm_monitoring_is_router": True, "_vllm_monitoring_router": {"fallback_metrics_url": FALLBACK_METRICS_URL}}
+RENDERINGS = {"defaults": {}, "fallbacks": FRONT, "custom": {**CUSTOM, **FRONT}}
 
 
 def _render(tmp, name: str, overrides: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -56,7 +68,7 @@ def _render(tmp, name: str, overrides: dict[str, Any]) -> subprocess.CompletedPr
 def rendered(tmp_path_factory) -> dict[str, str]:
     tmp = tmp_path_factory.mktemp("monitoring-rules")
     promtool()  # once, before the parallel runs
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=len(RENDERINGS)) as pool:
         runs = {name: pool.submit(_render, tmp, name, overrides) for name, overrides in RENDERINGS.items()}
         runs = {name: future.result() for name, future in runs.items()}
     for name, run in runs.items():
@@ -66,6 +78,21 @@ def rendered(tmp_path_factory) -> dict[str, str]:
 
 def config(name: str) -> dict[str, Any]:
     return {**DEFAULTS, **RENDERINGS[name]}
+
+
+def front_has_fallbacks(cfg: dict[str, Any]) -> bool:
+    return bool(cfg.get("_vllm_monitoring_is_router")) and bool(
+        cfg.get("_vllm_monitoring_router", {}).get("fallback_metrics_url")
+    )
+
+
+def increase(values: list[int], t: int, window: int) -> float:
+    """Prometheus 2.42's increase() over [t - window, t] of a counter sampled every minute from 0m, when a sample
+    sits on both ends (no extrapolation): a value below the previous one is a reset (the count file deleted)."""
+    assert t >= window, "the window must start at or after the first sample"
+    samples = values[t - window : t + 1]
+    resets = sum(prev for prev, cur in zip(samples[:-1], samples[1:], strict=True) if cur < prev)
+    return samples[-1] - samples[0] + resets
 
 
 def minutes(duration: str) -> int:
@@ -91,6 +118,8 @@ R2 = {**R0, "instance_name": "vllm-router@2", "instance": "127.0.0.1:29002"}
 NODE_D = {"job": "node", "role": "decode", "host": "d1", "instance": "10.0.0.21:9100"}
 NODE_P = {"job": "node", "role": "prefill", "host": "p1", "instance": "10.0.0.11:9100"}
 NGINX = {"job": "nginx", "role": "router", "host": "r1", "instance": "127.0.0.1:9113"}
+FRONT_FB = {"job": "nginx-fallback", "role": "router", "host": "r1", "instance": "127.0.0.1:8090"}
+FRONT_GROUPED = ("job", "role", "host", "fallback", "reason")
 GROUPED = ("job", "role", "host", "instance_name")
 
 
@@ -134,6 +163,9 @@ def promtool_tests(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     ttft, itl = float(cfg["vllm_monitoring_slo_ttft_p99_seconds"]), float(cfg["vllm_monitoring_slo_itl_p99_seconds"])
     fb_window, fb_for = minutes(cfg["vllm_monitoring_fallback_window"]), minutes(cfg["vllm_monitoring_fallback_for"])
     ratio = float(cfg["vllm_monitoring_fallback_ratio"])
+    front_window = minutes(cfg["vllm_monitoring_front_fallback_window"])
+    front_for = minutes(cfg["vllm_monitoring_front_fallback_for"])
+    front = front_has_fallbacks(cfg)
 
     def instance_down(labels):
         return alert(
@@ -241,6 +273,33 @@ def promtool_tests(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             f"{round(ratio * 100, 1)} % of its prompt tokens, for {cfg['vllm_monitoring_fallback_for']}) while "
             "prefill serves traffic: the KV transfer fails or is bypassed. Look at "
             "vllm:nixl_num_failed_transfers_total and the decode journal.",
+        )
+
+    def falling_back(labels, value):
+        window = cfg["vllm_monitoring_front_fallback_window"]
+        return alert(
+            cfg,
+            "warning",
+            only(labels, FRONT_GROUPED),
+            f"The front on {labels['host']} sends requests to the fallback endpoint {labels['fallback']} "
+            f"({labels['reason']})",
+            f"{value} requests went to {labels['fallback']} in the last {window}, and some in every {window} for "
+            f"{cfg['vllm_monitoring_front_fallback_for']}: the local pool fails (local_5xx, unreachable, timeout, "
+            "other), is saturated (local_429) or the client's key is over its own limits (limited); the reason label "
+            "says which. The cloud bills these requests.",
+        )
+
+    def exhausted(labels, value):
+        return alert(
+            cfg,
+            "critical",
+            only(labels, FRONT_GROUPED),
+            f"Clients of the front on {labels['host']} got errors: the local service and every fallback endpoint "
+            f"failed ({labels['reason']})",
+            f"{value} requests in the last {cfg['vllm_monitoring_front_fallback_window']} got a 502 or 503 from the "
+            f"front: the local pool did not serve them ({labels['reason']}) and no fallback endpoint could "
+            "(unreachable, timed out or refused the key). /var/log/nginx/inferops-vllm.fallback.log on "
+            f"{labels['host']} has each request.",
         )
 
     groups = []
@@ -433,6 +492,79 @@ def promtool_tests(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             ],
         }
     )
+
+    # The front's fallback counters (inferops_vllm_front_fallbacks_total, one series per endpoint and reason, from
+    # 0 when nginx opens its count files), a minute apart. cloud-a/local_5xx rises from 2m on; cloud-b/unreachable
+    # too, but its count file is deleted and recreated (a counter reset) shortly before the alert fires;
+    # cloud-a/limited stays flat above 0; cloud-b/local_429 only resets (a deleted file, no new fallback);
+    # "none" (every endpoint failed) rises, which is the other alert's; the same counter under another job rises.
+    # Without fallbacks on the router the rules have neither alert: nothing fires, whatever the series.
+    length = 2 + front_for + front_window + 10
+    fire = 2 + front_for + 1
+    assert fire >= front_window
+
+    def counter(labels, fallback, reason, values):
+        assert len(values) == length
+        full = {**labels, "fallback": fallback, "reason": reason}
+        return full, series("inferops_vllm_front_fallbacks_total", full, " ".join(str(v) for v in values))
+
+    rising = [0, 0] + list(range(1, length - 1))
+    reset_at = front_for + 1  # inside the window the alert fires with
+    with_reset = [0, 0] + list(range(1, reset_at - 1)) + list(range(length - reset_at))
+    local_5xx, s_local_5xx = counter(FRONT_FB, "cloud-a", "local_5xx", rising)
+    unreachable, s_unreachable = counter(FRONT_FB, "cloud-b", "unreachable", with_reset)
+    _flat, s_flat = counter(FRONT_FB, "cloud-a", "limited", [7] * length)
+    _reset_only, s_reset_only = counter(FRONT_FB, "cloud-b", "local_429", [3] * 5 + [0] * (length - 5))
+    _none, s_none = counter(FRONT_FB, "none", "unreachable", rising)
+    _other_job, s_other_job = counter({**FRONT_FB, "job": "nginx"}, "cloud-a", "timeout", rising)
+    assert with_reset[reset_at] == 0 and with_reset[reset_at - 1] > 0 and fire - front_window < reset_at
+
+    def value(values):
+        return f"{increase(values, fire, front_window):.0f}"
+
+    fb_alerts = [falling_back(local_5xx, value(rising)), falling_back(unreachable, value(with_reset))]
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [s_local_5xx, s_unreachable, s_flat, s_reset_only, s_none, s_other_job],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "InferopsFrontFallingBack", "exp_alerts": []},
+                # Pending since 2m, for less than its `for`.
+                {"eval_time": f"{1 + front_for}m", "alertname": "InferopsFrontFallingBack", "exp_alerts": []},
+                {
+                    "eval_time": f"{fire}m",
+                    "alertname": "InferopsFrontFallingBack",
+                    "exp_alerts": fb_alerts if front else [],
+                },
+            ],
+        }
+    )
+
+    # Every endpoint failed for one request at 3m (reason unreachable); "none"/other stays flat above 0; the
+    # endpoints' own counters and another job's "none" rise. Quiet again once the window no longer holds it.
+    one = [0, 0, 0] + [1] * (length - 3)
+    none_unreachable, s_none_unreachable = counter(FRONT_FB, "none", "unreachable", one)
+    _none_flat, s_none_flat = counter(FRONT_FB, "none", "other", [2] * length)
+    _none_other_job, s_none_other_job = counter({**FRONT_FB, "job": "nginx"}, "none", "timeout", rising)
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [s_none_unreachable, s_none_flat, s_local_5xx, s_none_other_job],
+            "alert_rule_test": [
+                {"eval_time": "2m", "alertname": "InferopsFrontFallbackExhausted", "exp_alerts": []},
+                {
+                    "eval_time": "4m",
+                    "alertname": "InferopsFrontFallbackExhausted",
+                    "exp_alerts": [exhausted(none_unreachable, "1")] if front else [],
+                },
+                {
+                    "eval_time": f"{3 + front_window + 1}m",
+                    "alertname": "InferopsFrontFallbackExhausted",
+                    "exp_alerts": [],
+                },
+            ],
+        }
+    )
     return groups
 
 
@@ -493,6 +625,63 @@ def test_custom_settings_change_what_fires():
 def test_prom_report_renders_the_rules_as_ansible_does(rendered, name):
     """benchmarks/prom_report.py renders the template itself (dashboard_queries without Ansible): same text."""
     assert prom_report.render_rules(RENDERINGS[name]) == rendered[name]
+
+
+def test_the_front_alerts_are_rendered_only_with_fallbacks(rendered):
+    def alerts(name):
+        return {r["alert"] for r in prom_report.rules_from_text(rendered[name]) if "alert" in r}
+
+    assert not alerts("defaults") & FRONT_ALERTS
+    assert alerts("fallbacks") >= FRONT_ALERTS and alerts("custom") >= FRONT_ALERTS
+    assert alerts("fallbacks") - FRONT_ALERTS == alerts("defaults")
+
+
+def test_the_front_alerts_follow_each_routers_published_record(tmp_path):
+    """Through the role's vars/main.yml, as on real hosts: r1's router published the front's fallback counters
+    (vllm_router_front_fallbacks), r2's has none, m1 is a monitoring host without a router. Only r1's rules
+    have the fallback alerts (the hosts whose prometheus.yml gets the nginx-fallback job); all pass promtool."""
+    router = {"metrics_urls": ["http://127.0.0.1:29000"], "stub_status_url": "http://127.0.0.1:8090/stub_status"}
+    inventory = {
+        "all": {
+            "children": {
+                "router": {
+                    "hosts": {
+                        "r1": {"vllm_router_published": {**router, "fallback_metrics_url": FALLBACK_METRICS_URL}},
+                        "r2": {"vllm_router_published": {**router, "fallback_metrics_url": ""}},
+                    }
+                },
+                "monitoring": {"hosts": {"r1": {}, "r2": {}, "m1": {}}},
+            }
+        }
+    }
+    task = role_task(
+        "configure.yml",
+        "Write the alert rules",
+        dest=str(tmp_path / "{{ inventory_hostname }}.rules.yml"),
+        owner=None,
+        group=None,
+    )
+    plays = [
+        {
+            "name": "Render each monitoring host's alert rules",
+            "hosts": "monitoring",
+            "gather_facts": False,
+            "tasks": [
+                {"name": "The role's defaults", "ansible.builtin.include_vars": str(ROLE / "defaults" / "main.yml")},
+                {"name": "The role's variables", "ansible.builtin.include_vars": str(ROLE / "vars" / "main.yml")},
+                task,
+            ],
+        }
+    ]
+    run = run_playbook(tmp_path, "render-hosts", plays, inventory, extra={"_vllm_monitoring_promtool": promtool()})
+    assert run.returncode == 0, run.stdout + run.stderr
+    alerts = {}
+    for host in ("r1", "r2", "m1"):
+        rules = prom_report.rules_from_text((tmp_path / f"{host}.rules.yml").read_text(encoding="utf-8"))
+        alerts[host] = {r["alert"] for r in rules if "alert" in r}
+    assert alerts["r1"] >= FRONT_ALERTS
+    assert not alerts["r2"] & FRONT_ALERTS and not alerts["m1"] & FRONT_ALERTS
+    assert alerts["r1"] - FRONT_ALERTS == alerts["r2"] == alerts["m1"]
 
 
 def test_a_broken_rule_is_refused_by_the_role(tmp_path):
