@@ -1,0 +1,283 @@
+"""One key, local first, a cloud as fallback (issue #13), against a real "cloud": a plain vLLM instance that
+this collection deploys without PD in its own container (the `cloud` group), under another served model
+name, with its own key, behind TLS with a CA of its own (molecule/default/cloud.yml). The router host's front
+gets it as its fallback through a deploy_pd.yml re-run; then, through the front with the client's key:
+
+- with the PD pool healthy, the answer comes from the local pool; a client error (400) is answered locally
+  and never sent to the cloud;
+- a stream that the local pool started is not switched to the cloud when decode dies under it;
+- with every decode instance stopped, the same client calls (plain and streamed) succeed from the cloud, under
+  the model name the client asked for, without the cloud's key in any answer, each counted in the front's
+  fallback counter and in the cloud's own request counter;
+- back to local when decode returns.
+
+The cloud's request counter (vLLM's vllm:request_success_total on the cloud instance) is the ground truth of
+what reached the cloud; the front's header and counter are checked against it.
+
+This changes the deployment (the front's settings, decode stopped and started), so it carries the
+`changes_deployment` mark and runs after the tests that only read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import DECODE, ROUTER, container_ip, deploy_playbook, front_ca, metric_samples, secret
+
+PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
+EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
+CLOUD = os.environ.get("INFEROPS_CLOUD_HOST", "molecule-cloud")
+
+pytestmark = [pytest.mark.skipif(not (PROJECT and EPHEMERAL), reason="runs inside molecule only (its inventory)"),
+              pytest.mark.changes_deployment]
+
+MODEL = "smollm2-135m-instruct"
+CLOUD_MODEL = "cloud-smollm"
+SERVED_BY = "X-Inferops-Served-By"
+CLOUD_DIR = os.path.join(EPHEMERAL, "cloud")
+
+
+def _context() -> ssl.SSLContext | None:
+    ca = front_ca()
+    return ssl.create_default_context(cafile=ca) if ca else None
+
+
+def _call(url: str, body: dict, key: str, timeout: float = 300) -> tuple[int, dict, bytes]:
+    """(status, headers, body) of one POST; an HTTP error is an answer too."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=_context() if url.startswith("https") else None) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def _chat(front_url: str, stream: bool = False, max_tokens: int = 8, **extra) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": stream, **extra}
+
+
+def _sse_models(body: bytes) -> tuple[set[str], bool]:
+    """The model names of an SSE answer's chunks, and whether it ended with [DONE]."""
+    models, done = set(), False
+    for line in body.decode().splitlines():
+        if line.startswith("data: [DONE]"):
+            done = True
+        elif line.startswith("data: "):
+            models.add(json.loads(line[6:])["model"])
+    return models, done
+
+
+def _podman_exec(host: str, command: str) -> str:
+    return subprocess.run(["podman", "exec", host, "sh", "-c", command], check=True, capture_output=True,
+                          text=True, timeout=120).stdout
+
+
+def fallback_counts() -> dict[str, float]:
+    """inferops_vllm_front_fallbacks_total by (fallback, reason), from the front's loopback metrics page."""
+    text = _podman_exec(ROUTER, "python3 -c \"import urllib.request; print(urllib.request.urlopen("
+                                "'http://127.0.0.1:8090/fallback_metrics', timeout=10).read().decode())\"")
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("inferops_vllm_front_fallbacks_total{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels[len("inferops_vllm_front_fallbacks_total"):]] = float(value)
+    return out
+
+
+def cloud_requests() -> float:
+    """Requests the cloud's vLLM finished (its own counter: what really reached the cloud)."""
+    samples = metric_samples(f"http://{container_ip(CLOUD)}:8100/metrics")
+    return sum(value for (name, _labels), value in samples.items() if name == "vllm:request_success_total")
+
+
+def decode_units() -> list[str]:
+    out = _podman_exec(DECODE, "systemctl list-units --all --plain --no-legend 'vllm@*.service' | awk '{print $1}'")
+    return sorted(unit for unit in out.split() if unit)
+
+
+def _wait(what: str, check, timeout: float = 300, every: float = 3):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+        except (OSError, subprocess.CalledProcessError, urllib.error.URLError):
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(every)
+
+
+@pytest.fixture(scope="module")
+def cloud():
+    """The cloud deployed (cloud.yml, in the background since prepare.yml), then the front re-deployed with it as
+    its fallback (deploy_pd.yml)."""
+    inventory = os.path.join(EPHEMERAL, "inventory")
+    rc_file, log_file = os.path.join(CLOUD_DIR, "deploy.rc"), os.path.join(CLOUD_DIR, "deploy.log")
+    if not os.path.exists(log_file):  # not started by prepare.yml (a run against another inventory): now
+        env = dict(os.environ)
+        cfg = os.path.join(EPHEMERAL, "ansible.cfg")
+        if os.path.isfile(cfg):
+            env["ANSIBLE_CONFIG"] = cfg
+        os.makedirs(CLOUD_DIR, mode=0o700, exist_ok=True)
+        with open(log_file, "w") as log:
+            rc = subprocess.run(["ansible-playbook", "-i", inventory, os.path.join(PROJECT, "molecule", "default",
+                                 "cloud.yml"), "-e", f"cloud_dir={CLOUD_DIR}"], cwd=PROJECT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, timeout=1800, check=False).returncode
+        with open(rc_file, "w") as f:
+            f.write(f"{rc}\n")
+    _wait("molecule/default/cloud.yml (started by prepare.yml) to finish", lambda: os.path.exists(rc_file),
+          timeout=1800, every=5)
+    with open(rc_file) as f, open(log_file) as log:
+        assert f.read().strip() == "0", log.read()[-8000:]
+    deploy = deploy_playbook(inventory, "deploy_pd.yml", "-e", f"@{CLOUD_DIR}/fallbacks.yml")
+    assert deploy.returncode == 0, deploy.stdout[-8000:] + deploy.stderr[-3000:]
+    with open(os.path.join(CLOUD_DIR, "api_key")) as f:
+        cloud_key = f.read().split()[0]
+    # The front's key is nowhere in what the deploy printed.
+    assert cloud_key not in deploy.stdout + deploy.stderr
+    return {"key": cloud_key}
+
+
+def test_the_cloud_is_a_real_vllm_behind_tls_with_its_own_key(cloud):
+    """The endpoint itself: TLS verified with its CA only, its own key required, its own model name."""
+    url = f"https://{container_ip(CLOUD)}:8443/v1/models"
+    with pytest.raises(urllib.error.URLError):  # not trusted without its CA
+        urllib.request.urlopen(url, timeout=30)
+    ctx = ssl.create_default_context(cafile=os.path.join(CLOUD_DIR, "ca.pem"))
+    ours = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret('client_api_key')}"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(ours, timeout=30, context=ctx)
+    assert exc.value.code == 401
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {cloud['key']}"})
+    with urllib.request.urlopen(req, timeout=30, context=ctx) as resp:
+        assert [m["id"] for m in json.loads(resp.read())["data"]] == [CLOUD_MODEL]
+
+
+def test_healthy_pool_answers_locally_and_a_client_error_is_not_retried(cloud, front_url):
+    key = secret("client_api_key")
+    before_cloud, before_front = cloud_requests(), fallback_counts()
+    status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), key)
+    assert status == 200, body[:500]
+    assert headers.get(SERVED_BY) == "local"
+    assert json.loads(body)["model"] == MODEL
+    # A client error: answered by the local side as it is, never sent to the cloud.
+    status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url, max_tokens=-1), key)
+    assert 400 <= status < 500 and status != 429, (status, body[:500])
+    assert headers.get(SERVED_BY) == "local"
+    assert cloud_requests() == before_cloud
+    assert fallback_counts() == before_front
+
+
+def test_a_started_stream_is_not_switched_when_decode_dies_under_it(cloud, front_url):
+    """SIGKILL of every decode instance after the first streamed tokens: the answer stays the local one (it may
+    end short), the cloud gets nothing. Then decode is stopped for the next test."""
+    key = secret("client_api_key")
+    units = decode_units()
+    assert units, "no vllm@ unit on the decode host"
+    before_cloud, before_front = cloud_requests(), fallback_counts()
+    body = _chat(front_url, stream=True, max_tokens=300, ignore_eos=True)
+    req = urllib.request.Request(f"{front_url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    lines: list[bytes] = []
+    with urllib.request.urlopen(req, timeout=300, context=_context() if front_url.startswith("https") else None) as r:
+        assert r.headers.get(SERVED_BY) == "local"
+        while sum(line.startswith(b"data: ") for line in lines) < 3:  # a few chunks of the local answer
+            line = r.readline()
+            assert line, lines
+            lines.append(line)
+        _podman_exec(DECODE, f"systemctl kill -s KILL {' '.join(units)}; systemctl stop {' '.join(units)}")
+        try:
+            while line := r.readline():
+                lines.append(line)
+        except (OSError, ValueError):
+            pass  # the connection cut short is one of the allowed ends
+    received = b"".join(lines)
+    models, _done = _sse_models(received)
+    assert models == {MODEL}
+    # Cut short, or ended if the kill came after the last token; never a second answer after it.
+    assert received.count(b"data: [DONE]") <= 1
+    assert received.count(b'"role":"assistant"') <= 1, received[-2000:]
+    assert cloud_requests() == before_cloud
+    assert fallback_counts() == before_front
+
+
+def test_with_decode_stopped_the_same_calls_succeed_from_the_cloud(cloud, front_url, router_host):
+    key = secret("client_api_key")
+    for unit in decode_units():
+        assert _podman_exec(DECODE, f"systemctl is-active {unit} || true").strip() != "active", unit
+    before_cloud, before_front = cloud_requests(), fallback_counts()
+    status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), key)
+    assert status == 200, body[:1000]
+    assert headers.get(SERVED_BY) == "fallback"
+    answer = json.loads(body)
+    assert answer["model"] == MODEL and answer["choices"][0]["message"]["content"]
+    status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url, stream=True), key)
+    assert status == 200, body[:1000]
+    assert headers.get(SERVED_BY) == "fallback"
+    models, done = _sse_models(body)
+    assert models == {MODEL} and done, body[-1000:]
+    for text in (json.dumps(headers), body.decode(errors="replace")):
+        assert cloud["key"] not in text
+    _wait("the cloud's counter to count both requests", lambda: cloud_requests() == before_cloud + 2, timeout=30)
+    after = fallback_counts()
+    added = {labels: after[labels] - before_front.get(labels, 0) for labels in after}
+    assert sum(added.values()) == 2, (before_front, after)
+    assert all('fallback="cloud"' in labels for labels, value in added.items() if value), added
+    logs = router_host.run("cat /var/log/nginx/*.log /var/log/nginx/inferops-vllm-* 2>/dev/null").stdout
+    assert cloud["key"] not in logs
+
+
+def prometheus(path: str) -> dict:
+    """The router host's Prometheus API (it listens on the host's loopback)."""
+    return json.loads(_podman_exec(ROUTER, "python3 -c \"import urllib.request; print(urllib.request.urlopen("
+                                           f"'http://127.0.0.1:9090{path}', timeout=10).read().decode())\""))
+
+
+def test_prometheus_scrapes_the_fallbacks_and_loads_their_alerts(cloud):
+    """The monitoring role on the router host scrapes the front's counter (job nginx-fallback) and loads the
+    fallback alerts once the front has fallbacks (deploy_pd.yml renders both)."""
+    want = sum(value for labels, value in fallback_counts().items() if 'fallback="cloud"' in labels)
+    assert want >= 2
+
+    def scraped():
+        result = prometheus("/api/v1/query?query=sum(inferops_vllm_front_fallbacks_total"
+                            "%7Bjob%3D%22nginx-fallback%22,fallback%3D%22cloud%22%7D)")["data"]["result"]
+        return result and float(result[0]["value"][1]) >= want
+
+    _wait("Prometheus to scrape the front's fallback counter", scraped, timeout=120, every=5)
+    names = {rule["name"] for group in prometheus("/api/v1/rules")["data"]["groups"] for rule in group["rules"]}
+    assert {"InferopsFrontFallingBack", "InferopsFrontFallbackExhausted"} <= names
+
+
+def test_back_to_local_when_decode_returns(cloud, front_url):
+    key = secret("client_api_key")
+    units = decode_units()
+    _podman_exec(DECODE, f"systemctl start {' '.join(units)}")
+    _wait("the decode units to run", lambda: all(
+        _podman_exec(DECODE, f"systemctl is-active {unit} || true").strip() == "active" for unit in units), timeout=120)
+    before_cloud = cloud_requests()
+
+    def served_locally():
+        status, headers, _body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), key)
+        return status == 200 and headers.get(SERVED_BY) == "local"
+
+    # vLLM starting on the CPU, then the router's health check seeing it.
+    _wait("the front to serve locally again", served_locally, timeout=600, every=5)
+    before_front = fallback_counts()
+    for _ in range(3):
+        status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), key)
+        assert status == 200 and headers.get(SERVED_BY) == "local", (status, body[:500])
+    assert fallback_counts() == before_front
+    # Requests that fell back while the router had not yet seen decode return are allowed before this point.
+    assert cloud_requests() >= before_cloud
