@@ -63,15 +63,17 @@ main() {
 
   if [[ " $stages " == *" molecule "* ]]; then
     # The driver scenario runs no vLLM (apt and podman exec, little CPU): it runs beside the
-    # others, into a log that is shown when it ends. The others run one at a time.
+    # others, into a log that is shown when it ends, and then the front's fallback semantics against
+    # real nginx + njs (tests/gateway/run.sh: one container, fake upstreams). The others run one at a time.
     local beside="nvidia_driver" beside_log beside_pid="" beside_rc=0
     if [ -f "molecule/$beside/molecule.yml" ]; then
       beside_log="$(mktemp)"
-      stage "molecule test -s $beside (started; runs beside the next scenarios)"
+      stage "molecule test -s $beside, then tests/gateway/run.sh (started; run beside the next scenarios)"
       # Started after the next scenario created its network: two `podman network create` at the same
       # moment (each scenario's create) can pick the same CNI bridge, and one network then has no
       # gateway on this machine (seen: molecule's index could not bind its gateway address).
-      (sleep 90 && molecule test -s "$beside") >"$beside_log" 2>&1 &
+      (sleep 90 && molecule test -s "$beside" && echo "== tests/gateway/run.sh" && bash tests/gateway/run.sh) \
+        >"$beside_log" 2>&1 &
       beside_pid=$!
     fi
     # molecule/default/prepare.yml starts a package index (the decode host installs from it).
@@ -84,9 +86,9 @@ main() {
     done
     if [ -n "$beside_pid" ]; then
       wait "$beside_pid" || beside_rc=$?
-      stage "molecule test -s $beside (its output)"
+      stage "molecule test -s $beside and tests/gateway/run.sh (their output)"
       cat "$beside_log"; rm -f "$beside_log"
-      [ "$beside_rc" -eq 0 ] || { echo "molecule test -s $beside failed (rc=$beside_rc)" >&2; return 1; }
+      [ "$beside_rc" -eq 0 ] || { echo "molecule test -s $beside or tests/gateway/run.sh failed (rc=$beside_rc)" >&2; return 1; }
     fi
   fi
 

@@ -8,7 +8,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$REPO/tests/gateway"
 NAME="${INFEROPS_GATEWAY_CONTAINER:-inferops-gateway-test}"
-IMAGE="${INFEROPS_GATEWAY_IMAGE:-localhost/inferops-vllm-base:debian12-systemd-v2}"
+IMAGE="${INFEROPS_GATEWAY_IMAGE:-${INFEROPS_BASE_IMAGE:-localhost/inferops-vllm-base:debian12-systemd-v2}}"
 tools="$(bash "$REPO/scripts/sandbox/tools.sh")"
 export PATH="$tools:$PATH"
 export ANSIBLE_COLLECTIONS_PATH="${ANSIBLE_COLLECTIONS_PATH:-$REPO/.ansible/collections}"
