@@ -112,7 +112,7 @@ def local_path(url: str, key: str, count: int, fallback: bool) -> dict:
     """Sequential requests through the front, all served locally (the header only exists with fallbacks)."""
     front_call(url, key)  # warm
     seconds = []
-    for _ in range(count):
+    for _request in range(count):
         elapsed, served_by = front_call(url, key)
         if served_by != ("local" if fallback else ""):
             raise RuntimeError(f"a local-path request was served by {served_by!r}")

@@ -275,7 +275,7 @@ def test_back_to_local_when_decode_returns(cloud, front_url):
     # vLLM starting on the CPU, then the router's health check seeing it.
     _wait("the front to serve locally again", served_locally, timeout=600, every=5)
     before_front = fallback_counts()
-    for _ in range(3):
+    for _request in range(3):
         status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), key)
         assert status == 200 and headers.get(SERVED_BY) == "local", (status, body[:500])
     assert fallback_counts() == before_front
