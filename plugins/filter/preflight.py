@@ -931,8 +931,8 @@ def _check_network(rep: _Report, inv: _Inventory) -> None:
     for host, pub in inv.instance_pub.items():
         if host not in pd_hosts:
             continue
-        address = _text(pub.get("host_address") or pub.get("address"))
-        if _text(pub.get("host_address_source")) != "vllm_instance_host_address":
+        address = _text(pub.get("address"))
+        if _text(pub.get("address_source")) != "vllm_instance_host_address":
             continue  # learnt from facts at deploy time: the default route's address, never loopback
         explicit.setdefault(address, []).append(host)
         if spread and _loopback(address):

@@ -61,7 +61,7 @@ def published(role: str, *, backend: str = "nixl", variant: str = "cpu", facts: 
                  "settings": {**host_settings, **(i.get("overrides") or {})}} for i in instances]
     return {
         "pd_role": role, "address": address, "served_model_name": "smol", "instances": resolved,
-        "settings": host_settings, "host_address": address, "host_address_source": "vllm_instance_host_address",
+        "settings": host_settings, "address_source": "vllm_instance_host_address",
         "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "model_revision": COMMIT, "model_is_local": False,
         "model_facts": dict(SMOL) if facts is None else facts, "kv_transfer_backend": backend,
         "vllm_version": "0.32.0", "vllm_variant": variant, "api_key_set": True, "api_key_broken": False,

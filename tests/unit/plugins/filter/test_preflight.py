@@ -43,7 +43,7 @@ def instance(role: str, instances: list[dict[str, Any]] | None = None, *, addres
         resolved.append({**item, "overrides": overrides, "settings": {**host_settings, **overrides}})
     return {
         "pd_role": pd_role or role, "address": address, "served_model_name": "m", "instances": resolved,
-        "settings": host_settings, "host_address": address, "host_address_source": source,
+        "settings": host_settings, "address_source": source,
         "model": model, "model_revision": revision, "model_is_local": model_is_local,
         "model_facts": dict(SMOL) if facts is None else facts,
         "dtype": host_settings["dtype"], "quantization": host_settings["quantization"],
