@@ -65,8 +65,8 @@ def published_inventory() -> tuple[dict, dict]:
             }}
             groups[role].append(host)
     published["router-0000"] = {"allow_shared_hosts": None, "instance": None, "router": {
-        "port": 8300, "metrics_port": 29000, "front_port": 8000, "api_keys_count": 2, "api_keys_broken": False,
-        "allow_unauthenticated": False, "tls_certificate": False, "tls_key": False}}
+        "port": 8300, "metrics_port": 29000, "front_port": 8000, "replicas": 2, "api_keys_count": 2,
+        "api_keys_broken": False, "allow_unauthenticated": False, "tls_certificate": False, "tls_key": False}}
     groups["router"].append("router-0000")
     return published, groups
 
