@@ -992,30 +992,7 @@ def _check_firewall(rep: _Report, inv: _Inventory) -> None:
 def _check_secrets(rep: _Report, inv: _Inventory) -> None:
     router_keys = False
     for host, pub in inv.router_pub.items():
-        count = _to_int(pub.get("api_keys_count")) or 0
-        allow = pub.get("allow_unauthenticated") is True
-        if pub.get("api_keys_broken"):
-            rep.add("secrets", host, "vllm_router_api_keys",
-                    "refers to an undefined variable (is the vault file loaded? --ask-vault-pass / --vault-id).",
-                    "define the vaulted client keys it refers to.")
-        elif count == 0 and not allow and not pub.get("api_keys_not_a_list"):
-            rep.add("secrets", host, "vllm_router_api_keys",
-                    "lists no client key, so the front would answer anyone who reaches it.",
-                    "list at least one client key (keep them in Ansible Vault), or set "
-                    "vllm_router_allow_unauthenticated: true to serve without keys on purpose.")
-        if pub.get("api_keys_not_a_list"):
-            rep.add("secrets", host, "vllm_router_api_keys", "is not a list of keys.",
-                    "write it as a YAML list, one client key per item.")
-        invalid = _to_int(pub.get("api_keys_invalid")) or 0
-        if invalid:
-            rep.add("secrets", host, "vllm_router_api_keys",
-                    f"{invalid} of its keys {'is' if invalid == 1 else 'are'} not usable (not shown): each must be "
-                    f"{API_KEY_RULE}; they are written into nginx's key map.",
-                    "generate keys, e.g. `openssl rand -hex 32`, and keep them in Ansible Vault.")
-        router_keys = router_keys or count > 0 or bool(pub.get("api_keys_broken"))
-        if bool(pub.get("tls_certificate")) != bool(pub.get("tls_key")):
-            rep.add("secrets", host, "vllm_router_tls_certificate, vllm_router_tls_key",
-                    "only one of them is set.", "set both (PEM files on the controller) or neither.")
+        router_keys = _check_router_secrets(rep, host, pub) or router_keys
     for host, pub in inv.instance_pub.items():
         if pub.get("api_key_broken"):
             rep.add("secrets", host, "vllm_instance_api_key",
@@ -1026,6 +1003,35 @@ def _check_secrets(rep: _Report, inv: _Inventory) -> None:
                     "is empty while the router requires client keys: anyone who reaches an instance port directly "
                     "bypasses the authenticating front.",
                     "set vllm_instance_api_key (vaulted, in group_vars/all so the router presents the same key).")
+
+
+def _check_router_secrets(rep: _Report, host: str, pub: Mapping[str, Any]) -> bool:
+    """One router host's client keys (never shown: the record counts them) and TLS pair; whether the front
+    requires keys."""
+    count = _to_int(pub.get("api_keys_count")) or 0
+    allow = pub.get("allow_unauthenticated") is True
+    if pub.get("api_keys_broken"):
+        rep.add("secrets", host, "vllm_router_api_keys",
+                "refers to an undefined variable (is the vault file loaded? --ask-vault-pass / --vault-id).",
+                "define the vaulted client keys it refers to.")
+    elif count == 0 and not allow and not pub.get("api_keys_not_a_list"):
+        rep.add("secrets", host, "vllm_router_api_keys",
+                "lists no client key, so the front would answer anyone who reaches it.",
+                "list at least one client key (keep them in Ansible Vault), or set "
+                "vllm_router_allow_unauthenticated: true to serve without keys on purpose.")
+    if pub.get("api_keys_not_a_list"):
+        rep.add("secrets", host, "vllm_router_api_keys", "is not a list of keys.",
+                "write it as a YAML list, one client key per item.")
+    invalid = _to_int(pub.get("api_keys_invalid")) or 0
+    if invalid:
+        rep.add("secrets", host, "vllm_router_api_keys",
+                f"{invalid} of its keys {'is' if invalid == 1 else 'are'} not usable (not shown): each must be "
+                f"{API_KEY_RULE}; they are written into nginx's key map.",
+                "generate keys, e.g. `openssl rand -hex 32`, and keep them in Ansible Vault.")
+    if bool(pub.get("tls_certificate")) != bool(pub.get("tls_key")):
+        rep.add("secrets", host, "vllm_router_tls_certificate, vllm_router_tls_key",
+                "only one of them is set.", "set both (PEM files on the controller) or neither.")
+    return count > 0 or bool(pub.get("api_keys_broken"))
 
 
 def _check_fallbacks(rep: _Report, inv: _Inventory) -> None:
@@ -1241,14 +1247,16 @@ def instance_problems(published: Mapping[str, Any], host: str) -> list[str]:
 
 
 def router_problems(published: Mapping[str, Any], host: str) -> list[str]:
-    """The ``ports`` check of one router host (replicas 1 to 8, its ports valid and distinct), for the vllm_router
-    role's own preflight (see router_problems.yml): the same code, so the same messages, as pd_preflight's."""
+    """The ``ports`` check of one router host (replicas 1 to 8, its ports valid and distinct) and its part of the
+    ``secrets`` check (client keys, TLS pair), for the vllm_router role's own preflight (see router_problems.yml):
+    the same code, so the same messages, as pd_preflight's."""
     rep = _Report()
     if not isinstance(published, Mapping):
         rep.add("ports", host, "vllm_router_published", f"is {_kind(published)}, not the published settings.",
                 "run the vllm_router role's publish tasks first.")
         return rep.lines()
     _report_port_clashes(rep, host, _valid_ports(rep, host, _router_ports(rep, host, published)))
+    _check_router_secrets(rep, host, published)
     return rep.lines()
 
 

@@ -97,6 +97,18 @@ def test_the_router_role_and_the_controller_give_the_same_ports_message(record, 
     assert line in both(routers={"r1": record})
 
 
+@pytest.mark.parametrize(("record", "start"), [
+    (router(api_keys_count=0), "[secrets] r1: vllm_router_api_keys: lists no client key"),
+    (router(api_keys_count=2, api_keys_invalid=1), "[secrets] r1: vllm_router_api_keys: 1 of its keys is not usable"),
+    (router(tls_certificate=True), "[secrets] r1: vllm_router_tls_certificate, vllm_router_tls_key: only one of them"),
+])
+def test_the_router_role_and_the_controller_give_the_same_secrets_message(record, start):
+    (line,) = pf.router_problems(record, "r1")
+    assert line.startswith(start), line
+    assert line in both(routers={"r1": record})
+    assert pf.router_problems(router(api_keys_count=0, allow_unauthenticated=True), "r1") == []
+
+
 def test_a_stub_status_port_of_0_is_no_port():
     assert pf.router_problems(router(stub_status_port=0), "r1") == []
     assert pf.router_problems(router(stub_status_port="0"), "r1") == []
@@ -113,7 +125,8 @@ COPIES = {
     "roles/vllm_instance/tasks/preflight.yml": ["[a-z0-9][a-z0-9-]", "[0-9a-f]{40}", "overrides unknown",
                                                 "_vllm_instance_unsupported", "unique | length"],
     "roles/vllm_router/tasks/preflight.yml": ["vllm_router_replicas | int <= 8", "range(vllm_router_port",
-                                              "unique | length"],
+                                              "unique | length", "vllm_router_api_keys | length > 0",
+                                              "(vllm_router_tls_key | length > 0)"],
 }
 
 
@@ -142,19 +155,23 @@ ROUTER_PLAY = """\
 
 
 @pytest.mark.skipif(not Path(ANSIBLE_PLAYBOOK).is_file(), reason="ansible-playbook is not installed")
-def test_the_router_roles_preflight_shows_the_controllers_line(tmp_path):
-    """The real role preflight on its own: it stops at the ports rule, in the PD preflight's words."""
+@pytest.mark.parametrize(("extra", "record"), [
+    ({"vllm_router_replicas": 9}, router(replicas=9)),
+    ({"vllm_router_api_keys": []}, router(api_keys_count=0)),
+])
+def test_the_router_roles_preflight_shows_the_controllers_line(tmp_path, extra, record):
+    """The real role preflight on its own: it stops at the PD preflight's rule, in its words."""
     from ansible_collections.inferops.vllm.tests.unit.test_preflight_inventories import playbook_env
 
     playbook = tmp_path / "router.yml"
     playbook.write_text(ROUTER_PLAY, encoding="utf-8")
     run = subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
-         "-e", json.dumps({"vllm_router_replicas": 9}), str(playbook)],
+         "-e", json.dumps(extra), str(playbook)],
         cwd=REPO, env=playbook_env(ANSIBLE_LOCALHOST_WARNING="0"), capture_output=True, text=True, timeout=180,
         check=False)
     flat = " ".join((run.stdout + run.stderr).split())
     assert run.returncode != 0, flat
-    expected = pf.router_problems(router(replicas=9), "localhost")[0]
+    (expected,) = pf.router_problems(record, "localhost")
     assert "localhost: the PD preflight refuses these settings:" in flat, flat
     assert expected in flat, flat
