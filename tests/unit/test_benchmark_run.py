@@ -91,8 +91,8 @@ def test_each_target_gets_every_scenario(tmp_path, colocated):
     scenarios.append({"name": "chat", "dataset": "sharegpt", "dataset_path": str(sharegpt), "output_len": 10,
                       "num_prompts": 4, "rate": 1})
     extra = {
-        "records": {"p1": record("127.0.0.1", "vllm-0", 8100), "d1": {**record("10.0.0.21", "vllm-0", 8200),
-                                                                        "pd_role": "decode"}},
+        "records": {"p1": record("127.0.0.1", "vllm-0", 8100),
+                    "d1": {**record("10.0.0.21", "vllm-0", 8200), "pd_role": "decode"}},
         "run": {"seed": 7, "model": "m", "front": {"url": "http://127.0.0.1:8000", "router": "r1"},
                 "dir": str(run_dir)},
         "deployment": {"instances": [{"name": "vllm-0", "url": "http://127.0.0.1:8100", "cache_dtype": "fp8",

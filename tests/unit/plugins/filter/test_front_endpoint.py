@@ -90,8 +90,8 @@ def test_the_url_comes_from_the_router_record_alone(published, url):
     hostvars = {"r1": {"vllm_router_published": published, "vllm_router_front_port": 1,
                        "vllm_router_tls_certificate": "/ignored.pem" if url.startswith("http:") else ""}}
     out = front_endpoint(hostvars, {"router": ["r1"]})
-    assert (out["url"], out["port"], out["scheme"], out["problems"]) == (url, int(url.rsplit(":", 1)[1]),
-                                                                          url.split(":")[0], [])
+    port, scheme = int(url.rsplit(":", 1)[1]), url.split(":")[0]
+    assert (out["url"], out["port"], out["scheme"], out["problems"]) == (url, port, scheme, [])
     assert isinstance(out["port"], int)
 
 
