@@ -57,8 +57,7 @@ def published_inventory() -> tuple[dict, dict]:
                           "settings": dict(settings)} for n, (p, k) in enumerate(ports)]
             published[host] = {"allow_shared_hosts": None, "router": None, "instance": {
                 "pd_role": role, "address": f"10.{1 if role == 'prefill' else 2}.{i // 250}.{i % 250 + 1}",
-                "host_address": f"10.{1 if role == 'prefill' else 2}.{i // 250}.{i % 250 + 1}",
-                "host_address_source": "vllm_instance_host_address", "served_model_name": "smollm2",
+                "address_source": "vllm_instance_host_address", "served_model_name": "smollm2",
                 "instances": instances, "settings": settings, "model": str(MODEL), "model_revision": "main",
                 "model_is_local": True, "model_facts": {}, "gpu_memory_bytes": 0, "kv_transfer_backend": "nixl",
                 "vllm_version": "0.32.0", "vllm_variant": "cpu", "api_key_set": True, "api_key_broken": False,
@@ -66,8 +65,8 @@ def published_inventory() -> tuple[dict, dict]:
             }}
             groups[role].append(host)
     published["router-0000"] = {"allow_shared_hosts": None, "instance": None, "router": {
-        "port": 8300, "metrics_port": 29000, "front_port": 8000, "api_keys_count": 2, "api_keys_broken": False,
-        "allow_unauthenticated": False, "tls_certificate": False, "tls_key": False}}
+        "port": 8300, "metrics_port": 29000, "front_port": 8000, "replicas": 2, "api_keys_count": 2,
+        "api_keys_broken": False, "allow_unauthenticated": False, "tls_certificate": False, "tls_key": False}}
     groups["router"].append("router-0000")
     return published, groups
 

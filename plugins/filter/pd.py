@@ -10,8 +10,10 @@ Documented in pd_instances.yml, url_host.yml and front_endpoint.yml beside this 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import host_var
 
 # The record roles/vllm_instance/tasks/publish.yml sets on each prefill and decode host.
 PUBLISHED = "vllm_instance_published"
@@ -67,22 +69,11 @@ def pd_instances(hostvars, prefill_hosts, decode_hosts):
     return out
 
 
-# The vllm_router role's defaults for what front_endpoint reads (roles/vllm_router/defaults/main.yml).
-FRONT_DEFAULTS = {"vllm_router_front_port": 8000, "vllm_router_front_bind": "0.0.0.0",
-                  "vllm_router_tls_certificate": ""}
+# The record roles/vllm_router/tasks/publish.yml sets on each router host: the front's port, bind address,
+# server name and TLS as the role resolved them (its defaults included), so none is repeated here.
+ROUTER_PUBLISHED = "vllm_router_published"
 WILDCARDS = ("0.0.0.0", "::", "[::]", "*", "")
 LOOPBACKS = ("localhost", "ip6-localhost", "ip6-loopback")
-
-
-def _host_var(variables, name, default=None):
-    """A router host's variable, or ``default`` when it is unset (or refers to something undefined)."""
-    try:
-        if name not in variables:
-            return default
-        value = variables[name]
-    except Exception:  # noqa: BLE001 - Ansible's undefined-variable errors: treated as unset
-        return default
-    return default if any(cls.__name__ in ("Undefined", "Marker") for cls in type(value).__mro__) else value
 
 
 def _is_loopback(host):
@@ -109,10 +100,19 @@ def front_endpoint(hostvars, groups, options=None):
         return out
     router = routers[0]
     variables = hostvars[router] if router in hostvars else {}
-    port = _host_var(variables, "vllm_router_front_port", FRONT_DEFAULTS["vllm_router_front_port"])
-    bind = str(_host_var(variables, "vllm_router_front_bind", FRONT_DEFAULTS["vllm_router_front_bind"]) or "")
-    tls = bool(_host_var(variables, "vllm_router_tls_certificate", ""))
-    server_name = str(_host_var(variables, "vllm_router_front_server_name", "") or "").strip()
+    published, state = host_var(variables, ROUTER_PUBLISHED)
+    if state != "set" or not isinstance(published, Mapping):
+        out["router"] = router
+        out["problems"].append(
+            f"[front] {router}: {ROUTER_PUBLISHED}: the router host published no settings in this run, so where "
+            "its front listens is unknown. Fix: run the play on the router host too (no --limit that leaves it "
+            "out); the first play of playbooks/client_config.yml and playbooks/benchmark.yml publishes it "
+            "(the vllm_router role's tasks_from: publish), contacting no host.")
+        return out
+    port = published.get("front_port")
+    bind = str(published.get("front_bind") or "")
+    tls = str(published.get("tls")).strip().lower() in ("true", "yes", "1")
+    server_name = str(published.get("front_server_name") or "").strip()
     override = str(opts.get("host") or "").strip()
     if override:
         host, source = override, opts.get("host_variable") or "the host option"
@@ -121,7 +121,7 @@ def front_endpoint(hostvars, groups, options=None):
     elif bind.strip() not in WILDCARDS and not _is_loopback(bind):
         host, source = bind.strip(), "vllm_router_front_bind"
     else:
-        host = str(_host_var(variables, "ansible_host", "") or "").strip() or router
+        host = str(published.get("ansible_host") or "").strip() or router
         source = "ansible_host" if host != router else "inventory_hostname"
     out.update(router=router, host=host, host_source=source, tls=tls, scheme="https" if tls else "http")
     try:

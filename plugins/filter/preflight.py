@@ -24,7 +24,11 @@ Which rule lives where (one place per rule):
     the roles             rules that need facts or the host: the fallbacks' DNS resolver (vllm_router),
                           /dev/shm (vllm_instance), GPU memory and
                           GPU assignment (the gpu_assign filter in vllm_instance's configure), nft's
-                          verdict on addresses that need facts (vllm_firewall).
+                          verdict on addresses that need facts (vllm_firewall). When a role runs on its own,
+                          its preflight calls the rules here that one host decides alone through filters:
+                          instance_problems and launcher_problems (vllm_instance), router_problems and
+                          front_fallback_problems (vllm_router), valid_api_key (both). docs/rules.md lists
+                          every rule, its file and its callers.
     argument specs        types, and choices where no better message exists behind them.
     the launcher          its TOML's types and ranges, and what the free-form extra args and
                           environment may not set (checked here too: the launcher check runs it).
@@ -99,7 +103,10 @@ API_KEY_RULE = "16 or more characters of A-Z a-z 0-9 . _ ~ + / = - (RFC 6750 bea
 # The router's defaults, named in a fix, are read from the role itself.
 ROUTER_DEFAULTS_PATH = ("roles", "vllm_router", "defaults", "main.yml")
 ROUTER_VARS = {"port": "vllm_router_port", "metrics_port": "vllm_router_metrics_port",
-               "front_port": "vllm_router_front_port"}
+               "front_port": "vllm_router_front_port", "stub_status_port": "vllm_router_front_stub_status_port"}
+# The router's ports one process uses (the others: one per replica), and the one that may be 0 (no server).
+ROUTER_SINGLE_PORTS = ("front_port", "stub_status_port")
+ROUTER_OPTIONAL_PORTS = ("stub_status_port",)
 # The slowest generation speed to plan for (inferops_min_tokens_per_second): the client check and
 # the drain check measure the longest allowed request (max_model_len tokens) with it.
 DEFAULT_MIN_TOKENS_PER_SECOND = 20
@@ -113,6 +120,9 @@ NULLABLE_BOOLEANS = ("enable_chunked_prefill",)
 # Settings publish.yml leaves out (they may carry site secrets); overrides may still set them.
 UNPUBLISHED_SETTINGS = ("environment", "extra_args")
 INSTANCE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# A hub model: a Hugging Face id (org/name), served at a pinned commit (a branch or tag moves).
+HF_MODEL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quantization", "capacity",
           "unsupported", "launcher", "client", "drain", "network", "secrets", "fallbacks", "booleans")
@@ -439,9 +449,11 @@ def _router_ports(rep: _Report, host: str, pub: Mapping[str, Any]) -> list[tuple
     uses = []
     for key, var in ROUTER_VARS.items():
         value = pub.get(key)
+        if key in ROUTER_OPTIONAL_PORTS and _to_int(value or 0) == 0:
+            continue
         uses.append((var, value, var))
         base = _to_int(value)
-        if key != "front_port" and base is not None:
+        if key not in ROUTER_SINGLE_PORTS and base is not None:
             uses.extend((f"{var} + {index} (router replica {index})", base + index, var)
                         for index in range(1, replicas))
     return uses
@@ -465,11 +477,13 @@ def _valid_ports(rep: _Report, host: str, uses: list[tuple[str, Any, str]]) -> d
 
 def _port_clash_fix(keys: set[str]) -> tuple[str, str]:
     """(variable, fix) of a port used twice by the keys."""
-    if keys <= {"vllm_router_port", "vllm_router_metrics_port", "vllm_router_front_port"}:
+    if keys <= set(ROUTER_VARS.values()):
         defaults = _router_defaults()
+        stub = (", vllm_router_front_stub_status_port (0 for no stub_status server)"
+                if "vllm_router_front_stub_status_port" in keys else "")
         return ", ".join(sorted(keys)), (
             f"give vllm_router_port (default {defaults.get('vllm_router_port')}), vllm_router_metrics_port "
-            f"(default {defaults.get('vllm_router_metrics_port')}) and vllm_router_front_port "
+            f"(default {defaults.get('vllm_router_metrics_port')}){stub} and vllm_router_front_port "
             f"(default {defaults.get('vllm_router_front_port')}) distinct values.")
     if keys == {"port"}:
         return "vllm_instance_instances[*].port", "give every instance on the host its own port."
@@ -601,7 +615,29 @@ def _check_model(rep: _Report, inv: _Inventory) -> None:
                 rep.add("model", host, "vllm_instance_model",
                         f"is an absolute path, so it must be a model directory on the controller with a config.json, "
                         f"but {facts.error}.",
-                        "point it at the model directory on the controller, or use a Hugging Face id (org/name).")
+                        "point it at the model directory on the controller (build the sandbox model with "
+                        "scripts/sandbox/setup.sh model), or use a Hugging Face id (org/name).")
+        else:
+            _check_hub_model(rep, host, model, pub.get("model_revision"))
+
+
+def _check_hub_model(rep: _Report, host: str, model: str, revision: Any) -> None:
+    """A model that is no controller directory is a Hugging Face id, pinned to a commit: hosts download it
+    when they first need it, so a moving revision would give hosts added later other weights."""
+    if not HF_MODEL_RE.match(model):
+        rep.add("model", host, "vllm_instance_model",
+                f"{_show(model)} is neither an absolute directory on the controller nor a Hugging Face id (org/name).",
+                "set a Hugging Face id (org/name) or an absolute model directory on the controller.")
+        return
+    if isinstance(revision, str) and COMMIT_RE.match(revision):
+        return
+    rep.add("model", host, "vllm_instance_model_revision",
+            f"vllm_instance_model is the Hugging Face model {model}, so vllm_instance_model_revision must be the "
+            f"commit to serve, 40 hexadecimal digits, but it is '{_text(revision)}'. A branch or tag moves: hosts "
+            "that download it at different times (a host added later, a disk replaced) would serve different "
+            "weights, and decode would continue KV that prefill computed with other weights.",
+            f"pin the commit, e.g. the one `main` is now: the \"sha\" of https://huggingface.co/api/models/{model}"
+            f"/revision/main (or the newest at https://huggingface.co/{model}/commits/main).")
 
 
 def _check_context(rep: _Report, inv: _Inventory) -> None:
@@ -751,12 +787,17 @@ def _check_capacity(rep: _Report, inv: _Inventory) -> None:
 def _check_unsupported(rep: _Report, inv: _Inventory) -> None:
     """Settings vLLM 0.32 does not have, and values of its vocabulary's settings it does not accept, in the
     role's variables; anything else the launcher would refuse is reported by the launcher check."""
-    for host, pub in inv.instance_pub.items():
-        for variable, message in sorted((pub.get("unsupported") or {}).items()):
-            rep.add("unsupported", host, variable, f"is set, but {_text(message).strip()}", f"remove {variable}.")
+    _check_removed_settings(rep, inv)
     _check_kv_transfer_backend(rep, inv)
     _check_kv_load_failure_policy(rep, inv)
     _check_kv_cache_dtype(rep, inv)
+
+
+def _check_removed_settings(rep: _Report, inv: _Inventory) -> None:
+    """Role variables of settings vLLM 0.32 no longer has (the vllm_instance role's _vllm_instance_unsupported)."""
+    for host, pub in inv.instance_pub.items():
+        for variable, message in sorted((pub.get("unsupported") or {}).items()):
+            rep.add("unsupported", host, variable, f"is set, but {_text(message).strip()}", f"remove {variable}.")
 
 
 def _check_kv_transfer_backend(rep: _Report, inv: _Inventory) -> None:
@@ -890,8 +931,8 @@ def _check_network(rep: _Report, inv: _Inventory) -> None:
     for host, pub in inv.instance_pub.items():
         if host not in pd_hosts:
             continue
-        address = _text(pub.get("host_address") or pub.get("address"))
-        if _text(pub.get("host_address_source")) != "vllm_instance_host_address":
+        address = _text(pub.get("address"))
+        if _text(pub.get("address_source")) != "vllm_instance_host_address":
             continue  # learnt from facts at deploy time: the default route's address, never loopback
         explicit.setdefault(address, []).append(host)
         if spread and _loopback(address):
@@ -951,30 +992,7 @@ def _check_firewall(rep: _Report, inv: _Inventory) -> None:
 def _check_secrets(rep: _Report, inv: _Inventory) -> None:
     router_keys = False
     for host, pub in inv.router_pub.items():
-        count = _to_int(pub.get("api_keys_count")) or 0
-        allow = pub.get("allow_unauthenticated") is True
-        if pub.get("api_keys_broken"):
-            rep.add("secrets", host, "vllm_router_api_keys",
-                    "refers to an undefined variable (is the vault file loaded? --ask-vault-pass / --vault-id).",
-                    "define the vaulted client keys it refers to.")
-        elif count == 0 and not allow and not pub.get("api_keys_not_a_list"):
-            rep.add("secrets", host, "vllm_router_api_keys",
-                    "lists no client key, so the front would answer anyone who reaches it.",
-                    "list at least one client key (keep them in Ansible Vault), or set "
-                    "vllm_router_allow_unauthenticated: true to serve without keys on purpose.")
-        if pub.get("api_keys_not_a_list"):
-            rep.add("secrets", host, "vllm_router_api_keys", "is not a list of keys.",
-                    "write it as a YAML list, one client key per item.")
-        invalid = _to_int(pub.get("api_keys_invalid")) or 0
-        if invalid:
-            rep.add("secrets", host, "vllm_router_api_keys",
-                    f"{invalid} of its keys {'is' if invalid == 1 else 'are'} not usable (not shown): each must be "
-                    f"{API_KEY_RULE}; they are written into nginx's key map.",
-                    "generate keys, e.g. `openssl rand -hex 32`, and keep them in Ansible Vault.")
-        router_keys = router_keys or count > 0 or bool(pub.get("api_keys_broken"))
-        if bool(pub.get("tls_certificate")) != bool(pub.get("tls_key")):
-            rep.add("secrets", host, "vllm_router_tls_certificate, vllm_router_tls_key",
-                    "only one of them is set.", "set both (PEM files on the controller) or neither.")
+        router_keys = _check_router_secrets(rep, host, pub) or router_keys
     for host, pub in inv.instance_pub.items():
         if pub.get("api_key_broken"):
             rep.add("secrets", host, "vllm_instance_api_key",
@@ -985,6 +1003,35 @@ def _check_secrets(rep: _Report, inv: _Inventory) -> None:
                     "is empty while the router requires client keys: anyone who reaches an instance port directly "
                     "bypasses the authenticating front.",
                     "set vllm_instance_api_key (vaulted, in group_vars/all so the router presents the same key).")
+
+
+def _check_router_secrets(rep: _Report, host: str, pub: Mapping[str, Any]) -> bool:
+    """One router host's client keys (never shown: the record counts them) and TLS pair; whether the front
+    requires keys."""
+    count = _to_int(pub.get("api_keys_count")) or 0
+    allow = pub.get("allow_unauthenticated") is True
+    if pub.get("api_keys_broken"):
+        rep.add("secrets", host, "vllm_router_api_keys",
+                "refers to an undefined variable (is the vault file loaded? --ask-vault-pass / --vault-id).",
+                "define the vaulted client keys it refers to.")
+    elif count == 0 and not allow and not pub.get("api_keys_not_a_list"):
+        rep.add("secrets", host, "vllm_router_api_keys",
+                "lists no client key, so the front would answer anyone who reaches it.",
+                "list at least one client key (keep them in Ansible Vault), or set "
+                "vllm_router_allow_unauthenticated: true to serve without keys on purpose.")
+    if pub.get("api_keys_not_a_list"):
+        rep.add("secrets", host, "vllm_router_api_keys", "is not a list of keys.",
+                "write it as a YAML list, one client key per item.")
+    invalid = _to_int(pub.get("api_keys_invalid")) or 0
+    if invalid:
+        rep.add("secrets", host, "vllm_router_api_keys",
+                f"{invalid} of its keys {'is' if invalid == 1 else 'are'} not usable (not shown): each must be "
+                f"{API_KEY_RULE}; they are written into nginx's key map.",
+                "generate keys, e.g. `openssl rand -hex 32`, and keep them in Ansible Vault.")
+    if bool(pub.get("tls_certificate")) != bool(pub.get("tls_key")):
+        rep.add("secrets", host, "vllm_router_tls_certificate, vllm_router_tls_key",
+                "only one of them is set.", "set both (PEM files on the controller) or neither.")
+    return count > 0 or bool(pub.get("api_keys_broken"))
 
 
 def _check_fallbacks(rep: _Report, inv: _Inventory) -> None:
@@ -1159,13 +1206,13 @@ def kv_sizing(published_by_host: Mapping[str, Any], groups: Mapping[str, Any] | 
     return [_size(inst)[0] for inst in inv.instances]
 
 
-def launcher_problems(published: Mapping[str, Any], host: str, variables: Mapping[str, Any] | None = None) -> list[str]:
-    """The launcher check of one host, for the vllm_instance role's own preflight (see launcher_problems.yml)."""
-    rep = _Report()
+def _one_host(rep: _Report, check: str, published: Any, host: str,
+              variables: Mapping[str, Any] | None) -> _Inventory | None:
+    """An inventory of this one prefill or decode host, for the checks the vllm_instance role runs on its own."""
     if not isinstance(published, Mapping):
-        rep.add("launcher", host, "vllm_instance_published", f"is {_kind(published)}, not the published settings.",
+        rep.add(check, host, "vllm_instance_published", f"is {_kind(published)}, not the published settings.",
                 "run the vllm_instance role's publish tasks first.")
-        return rep.lines()
+        return None
     role = _text(published.get("pd_role"))
     group = "decode" if role == "decode" else "prefill"
     inv = _Inventory(groups={"prefill": [host] if group == "prefill" else [], "decode": [host] if group == "decode"
@@ -1173,7 +1220,43 @@ def launcher_problems(published: Mapping[str, Any], host: str, variables: Mappin
     inv.instance_pub[host] = published
     inv.variables[host] = variables if variables is not None else {}
     inv.instances = _instances(host, group, published, rep)
-    _check_launcher(rep, inv)
+    return inv
+
+
+def launcher_problems(published: Mapping[str, Any], host: str, variables: Mapping[str, Any] | None = None) -> list[str]:
+    """The launcher check of one host, for the vllm_instance role's own preflight (see launcher_problems.yml)."""
+    rep = _Report()
+    inv = _one_host(rep, "launcher", published, host, variables)
+    if inv is not None:
+        _check_launcher(rep, inv)
+    return rep.lines()
+
+
+def instance_problems(published: Mapping[str, Any], host: str) -> list[str]:
+    """The rules of the ``instances``, ``ports``, ``model`` and ``unsupported`` checks that one host's record
+    decides alone, for the vllm_instance role's own preflight (see instance_problems.yml): the same code, so
+    the same messages, as pd_preflight's."""
+    rep = _Report()
+    inv = _one_host(rep, "instances", published, host, None)
+    if inv is not None:
+        _check_instances(rep, inv)
+        _check_ports(rep, inv)
+        _check_model(rep, inv)
+        _check_removed_settings(rep, inv)
+    return rep.lines()
+
+
+def router_problems(published: Mapping[str, Any], host: str) -> list[str]:
+    """The ``ports`` check of one router host (replicas 1 to 8, its ports valid and distinct) and its part of the
+    ``secrets`` check (client keys, TLS pair), for the vllm_router role's own preflight (see router_problems.yml):
+    the same code, so the same messages, as pd_preflight's."""
+    rep = _Report()
+    if not isinstance(published, Mapping):
+        rep.add("ports", host, "vllm_router_published", f"is {_kind(published)}, not the published settings.",
+                "run the vllm_router role's publish tasks first.")
+        return rep.lines()
+    _report_port_clashes(rep, host, _valid_ports(rep, host, _router_ports(rep, host, published)))
+    _check_router_secrets(rep, host, published)
     return rep.lines()
 
 
@@ -1271,5 +1354,6 @@ class FilterModule:
         return {"pd_preflight": _pd_preflight_filter, "pd_preflight_warnings": pd_preflight_warnings,
                 "front_fallback_problems": front_fallback_problems,
                 "front_fallback_redact": front_fallback_redact, "kv_sizing": kv_sizing,
-                "launcher_problems": launcher_problems, "valid_api_key": valid_api_key,
+                "launcher_problems": launcher_problems, "instance_problems": instance_problems,
+                "router_problems": router_problems, "valid_api_key": valid_api_key,
                 "client_timeout": client_timeout, "instance_limits": instance_limits}

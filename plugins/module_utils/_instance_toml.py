@@ -123,7 +123,7 @@ def side_channel_host(inst: Instance, variables: Variables | None) -> str:
         address, state = host_var(variables, "vllm_instance_host_address")
         if state == "set":
             return text(address)
-    return text(inst.published.get("host_address") or inst.published.get("address")) or inst.host
+    return text(inst.published.get("address")) or inst.host
 
 
 def _server(inst: Instance, variables: Variables | None) -> dict[str, Any]:

@@ -150,6 +150,10 @@ instances:
       description: Its role.
       type: str
       sample: prefill
+    url:
+      description: Its URL as given in O(instances) (without a trailing C(/)), to tell instances of one name apart.
+      type: str
+      sample: http://10.0.0.11:8100
     cache_dtype:
       description: C(cache_dtype) of C(vllm:cache_config_info) (the KV cache dtype asked for, C(auto) or C(fp8)).
       type: str
@@ -493,7 +497,7 @@ class PrefixCacheCheck:
         if problems:
             self.fail("invalid arguments: " + "; ".join(problems))
         start = self.read_metrics()
-        instances = [dict(name=i["name"], role=i["role"], **{k: start[i["name"]][k] for k in (
+        instances = [dict(name=i["name"], role=i["role"], url=i["url"], **{k: start[i["name"]][k] for k in (
             "cache_dtype", "enable_prefix_caching", "block_size", "queries", "hits")}) for i in self.instances]
         if not self.params["send_requests"]:
             self.module.exit_json(changed=False, instances=instances, check=None)

@@ -67,9 +67,10 @@ def test_refused_before_any_host_is_contacted(runs, case):
     assert re.search(r"Benchmark: \d+ problem\(s\); no request was sent\.", flat), output
     for pattern in CASES[case][1]:
         assert re.search(pattern, flat), f"{pattern!r} not in:\n{output}"
-    # Only the publishing play (set_fact, no connection) touched the PD hosts; no facts, no router, no results.
+    # Only the publishing play (set_fact, no connection) touched the PD and router hosts (the router publishes
+    # vllm_router_published, where the front is); no facts, no prefix check on the router, no results.
     recap = _recap(output)
-    assert set(recap) == {"prefill-1", "decode-1", "localhost"}, output
+    assert set(recap) == {"prefill-1", "decode-1", "router-1", "localhost"}, output
     assert all(counts[1] == 0 and counts[2] == 0 for counts in recap.values()), output
     assert "Gathering Facts" not in output and "Gather the facts" not in output
     assert not results.exists()

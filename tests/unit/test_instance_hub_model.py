@@ -134,7 +134,10 @@ def test_the_preflight_wants_a_commit_for_a_hub_model(tmp_path):
     assert counts["commit"][3] == 0 and counts["commit"][1] == 0, flat
     for host, revision in (("branch", "main"), ("empty", "")):
         assert counts[host][3] == 1, flat
-        assert (f"{host}: vllm_instance_model is the Hugging Face model {MODEL}, so vllm_instance_model_revision must "
-                f"be the commit to serve, 40 hexadecimal digits, but it is '{revision}'.") in flat, flat
+        # The PD preflight's rule and words (inferops.vllm.instance_problems), in its line format.
+        assert (f"[model] {host}: vllm_instance_model_revision: vllm_instance_model is the Hugging Face model {MODEL}, "
+                f"so vllm_instance_model_revision must be the commit to serve, 40 hexadecimal digits, but it is "
+                f"'{revision}'.") in flat, flat
     assert counts["not-an-id"][3] == 1
-    assert re.search(r"not-an-id: vllm_instance_model 'some org/model x' is neither an absolute directory", flat), flat
+    assert re.search(r"\[model\] not-an-id: vllm_instance_model: 'some org/model x' is neither an absolute directory",
+                     flat), flat

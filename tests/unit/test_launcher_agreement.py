@@ -25,7 +25,7 @@ import pytest
 import yaml
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_preflight import router
-from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import GIB, SMOL
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import settings as base_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,8 +61,8 @@ def published(role: str, *, backend: str = "nixl", variant: str = "cpu", facts: 
                  "settings": {**host_settings, **(i.get("overrides") or {})}} for i in instances]
     return {
         "pd_role": role, "address": address, "served_model_name": "smol", "instances": resolved,
-        "settings": host_settings, "host_address": address, "host_address_source": "vllm_instance_host_address",
-        "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "model_revision": "main", "model_is_local": False,
+        "settings": host_settings, "address_source": "vllm_instance_host_address",
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "model_revision": COMMIT, "model_is_local": False,
         "model_facts": dict(SMOL) if facts is None else facts, "kv_transfer_backend": backend,
         "vllm_version": "0.32.0", "vllm_variant": variant, "api_key_set": True, "api_key_broken": False,
         "unsupported": {}, "booleans": {"vllm_install_wheelhouse_keep": False},

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
-from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import GIB, SMOL, settings
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL, settings
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
@@ -71,8 +71,8 @@ def _preflight_accepts(setting: str, value: Any) -> bool:
         "instances": [{"name": "decode-0", "port": 8200, "kv_transfer_port": 5700, "overrides": {},
                        "settings": settings(max_model_len=512, kv_cache_memory_bytes=GIB, **{setting: value})}],
         "settings": settings(max_model_len=512, kv_cache_memory_bytes=GIB, **{setting: value}),
-        "host_address": "10.0.0.21", "host_address_source": "vllm_instance_host_address",
-        "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "model_revision": "main", "model_is_local": False,
+        "address_source": "vllm_instance_host_address",
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "model_revision": COMMIT, "model_is_local": False,
         "model_facts": dict(SMOL), "kv_transfer_backend": "nixl", "vllm_version": "0.32.0", "vllm_variant": "cpu",
         "api_key_set": True, "api_key_broken": False, "unsupported": {}, "booleans": {},
     }

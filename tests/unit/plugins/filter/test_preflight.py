@@ -16,7 +16,7 @@ import pytest
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 from ansible_collections.inferops.vllm.plugins.filter.preflight import FilterModule, kv_sizing, pd_preflight
 from ansible_collections.inferops.vllm.plugins.module_utils._kv_sizing import kv_blocks, kv_bytes_per_token
-from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import GIB, SMOL, settings
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL, settings
 
 # Qwen2.5-14B-Instruct: 40 heads, 8 KV heads, 48 layers, head_dim 128.
 QWEN14 = {"num_attention_heads": 40, "num_key_value_heads": 8, "num_hidden_layers": 48, "hidden_size": 5120,
@@ -26,7 +26,7 @@ QWEN14 = {"num_attention_heads": 40, "num_key_value_heads": 8, "num_hidden_layer
 def instance(role: str, instances: list[dict[str, Any]] | None = None, *, address: str = "",
              source: str = "ansible_host", model: str = "HuggingFaceTB/SmolLM2-135M-Instruct",
              model_is_local: bool = False,
-             facts: dict[str, Any] | None = None, revision: str = "main", variant: str = "cpu", version: str = "0.32.0",
+             facts: dict[str, Any] | None = None, revision: str = COMMIT, variant: str = "cpu", version: str = "0.32.0",
              backend: str = "nixl", api_key: bool = True, api_key_broken: bool = False,
              unsupported: dict[str, str] | None = None, booleans: dict[str, Any] | None = None,
              gpu_memory_bytes: int = 0, pd_role: str | None = None, **kw: Any) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def instance(role: str, instances: list[dict[str, Any]] | None = None, *, addres
         resolved.append({**item, "overrides": overrides, "settings": {**host_settings, **overrides}})
     return {
         "pd_role": pd_role or role, "address": address, "served_model_name": "m", "instances": resolved,
-        "settings": host_settings, "host_address": address, "host_address_source": source,
+        "settings": host_settings, "address_source": source,
         "model": model, "model_revision": revision, "model_is_local": model_is_local,
         "model_facts": dict(SMOL) if facts is None else facts,
         "dtype": host_settings["dtype"], "quantization": host_settings["quantization"],

@@ -18,6 +18,8 @@ SMOL = {
     "max_position_embeddings": 8192,
 }
 GIB = 1 << 30
+# A hub model is served at a pinned commit (the preflight's model check refuses a branch such as main).
+COMMIT = "cf98f3b3bbb457ad9e2bb7baf9a0125b6b88caa8"
 
 
 def settings(**kw: Any) -> dict[str, Any]:

@@ -160,6 +160,8 @@ def test_the_second_request_hits_the_cache_and_the_report_says_so(deployment):
     # The live cache settings of each instance, from vllm:cache_config_info.
     live = [(i["name"], i["cache_dtype"], i["enable_prefix_caching"], i["block_size"]) for i in result["instances"]]
     assert live == [("prefill-0", "auto", True, 128), ("decode-0", "auto", True, 128)]
+    # Each with the URL it was read at, which vllm_benchmark's colocated runs match their instance by.
+    assert [i["url"] for i in result["instances"]] == [prefill.url.rstrip("/"), decode.url.rstrip("/")]
     assert result["changed"] is False
 
 
