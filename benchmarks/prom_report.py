@@ -399,18 +399,36 @@ def live_rules(prometheus_url: str) -> list[dict[str, Any]]:
     return [{"alert": r["name"], "expr": r["query"]} for g in data.get("groups", []) for r in g.get("rules", [])]
 
 
+# The front's fallback counters exist only where a router has vllm_router_front_fallbacks (the
+# monitoring role scrapes them as job nginx-fallback then): their queries are empty by design elsewhere.
+FALLBACK_JOB = "nginx-fallback"
+FALLBACK_METRIC = "inferops_vllm_front_fallbacks_total"
+
+
+def needs_fallbacks(expr: str) -> bool:
+    """Whether a query reads only the front's fallback counters (empty without fallback endpoints)."""
+    return FALLBACK_METRIC in expr
+
+
+def fallbacks_scraped(prometheus_url: str) -> bool:
+    """Whether the Prometheus has a target of the fallback job (some front has fallback endpoints)."""
+    return bool(_get(prometheus_url.rstrip("/") + "/api/v1/query", {"query": f'up{{job="{FALLBACK_JOB}"}}'})["result"])
+
+
 def check_queries(
     prometheus_url: str, rules: list[dict[str, Any]] | None = None, at: float | None = None
 ) -> list[dict[str, Any]]:
     """The queries of dashboard_queries() that should return data but have no series at ``at`` (now).
 
     The rules are those the Prometheus at ``prometheus_url`` runs, unless given. Each returned dict
-    carries ``source``, ``query`` and, when Prometheus refused the query, ``error``.
+    carries ``source``, ``query`` and, when Prometheus refused the query, ``error``. The fallback
+    counters' queries count only when the Prometheus scrapes a front with fallback endpoints.
     """
     rules = rules if rules is not None else live_rules(prometheus_url)
+    with_fallbacks = fallbacks_scraped(prometheus_url)
     missing = []
     for q in dashboard_queries(rules):
-        if not q["expect_series"]:
+        if not q["expect_series"] or (needs_fallbacks(q["query"]) and not with_fallbacks):
             continue
         params = {"query": q["query"]}
         if at is not None:
@@ -477,6 +495,7 @@ def render_report(
         f"`{DASHBOARD.relative_to(REPO)}` (all roles and instances).",
         "",
     ]
+    with_fallbacks = fallbacks_scraped(prometheus_url)
     for number, panel in enumerate(dashboard_panels(), start=1):
         fig, ax = plt.subplots(figsize=(10, 4.2), dpi=100)
         series_count = 0
@@ -514,7 +533,10 @@ def render_report(
         lines += [f"## {panel['title']}", "", panel["description"], "", f"![{panel['title']}]({name})", ""]
         lines += [f"- query: `{t['expr']}`" for t in panel["targets"]]
         lines += [f"- error: {p}" for p in problems]
-        if not series_count and not problems:
+        fallback_only = all(needs_fallbacks(t["expr"]) for t in panel["targets"])
+        if not series_count and not problems and fallback_only and not with_fallbacks:
+            lines.append(f"- no fallback endpoints: no front is scraped as job {FALLBACK_JOB}")
+        elif not series_count and not problems:
             lines.append("- no series in this range")
         lines.append("")
     index = out_dir / "index.md"

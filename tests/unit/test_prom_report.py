@@ -66,6 +66,8 @@ class FakePrometheus(http.server.BaseHTTPRequestHandler):
     """Series for every query that names a vLLM metric or `up`; none for the others (the router's, say)."""
 
     seen: list[str] = []
+    # Whether a front with fallback endpoints is scraped (job nginx-fallback has a target, its counters series).
+    fallbacks = False
 
     def do_GET(self):  # noqa: N802 - http.server's name
         url = urllib.parse.urlparse(self.path)
@@ -95,7 +97,9 @@ class FakePrometheus(http.server.BaseHTTPRequestHandler):
             FakePrometheus.seen.append(query)
             if "refuse_me" in query:
                 return self._send(400, {"status": "error", "errorType": "bad_data", "error": "parse error"})
-            has = "vllm:" in query or query.startswith("up") or "(up" in query
+            has = ("vllm:" in query or query.startswith("up") or "(up" in query) and (
+                FakePrometheus.fallbacks or "nginx-fallback" not in query
+            ) or (FakePrometheus.fallbacks and pr.FALLBACK_METRIC in query)
             data = {
                 "resultType": "vector",
                 "result": [{"metric": {"role": "decode"}, "value": [1, "1"]}] if has else [],
@@ -108,7 +112,7 @@ class FakePrometheus(http.server.BaseHTTPRequestHandler):
                     {"metric": {"role": r, "instance_name": f"{r}-0", "source": "local_compute"}, "values": values}
                     for r in ("prefill", "decode")
                 ]
-                if "vllm:" in params["query"]
+                if "vllm:" in params["query"] or (FakePrometheus.fallbacks and pr.FALLBACK_METRIC in params["query"])
                 else []
             )
             data = {"resultType": "matrix", "result": result}
@@ -149,6 +153,39 @@ def test_check_queries_returns_those_without_series(prometheus):
     assert all(q["expect_series"] for q in missing)
 
 
+def test_the_fallback_counters_count_only_where_a_front_has_fallbacks(prometheus):
+    """Without a target of job nginx-fallback the fallback panel's queries are empty by design: not missing, and
+    the report says why; with one, an empty fallback query is missing like any other."""
+    FakePrometheus.fallbacks = False
+    assert not [q for q in pr.check_queries(prometheus) if pr.needs_fallbacks(q["query"])]
+    assert any(pr.needs_fallbacks(q["query"]) for q in pr.dashboard_queries([]))
+    try:
+        FakePrometheus.fallbacks = True
+        # Now scraped, the fake answers the counter: nothing missing for it either, and it was asked.
+        FakePrometheus.seen = []
+        assert not [q for q in pr.check_queries(prometheus) if pr.needs_fallbacks(q["query"])]
+        assert any(pr.FALLBACK_METRIC in q for q in FakePrometheus.seen)
+    finally:
+        FakePrometheus.fallbacks = False
+
+
+def test_an_empty_fallback_query_is_missing_once_fallbacks_are_scraped(prometheus, monkeypatch):
+    original = pr._get
+
+    def without_counter_series(url, params, timeout=30):
+        if pr.FALLBACK_METRIC in params.get("query", ""):
+            return {"resultType": "vector", "result": []}
+        return original(url, params, timeout)
+
+    monkeypatch.setattr(pr, "_get", without_counter_series)
+    FakePrometheus.fallbacks = True
+    try:
+        missing = pr.check_queries(prometheus)
+    finally:
+        FakePrometheus.fallbacks = False
+    assert [q for q in missing if pr.needs_fallbacks(q["query"])]
+
+
 def test_check_queries_reports_a_refused_query_with_its_error(prometheus):
     missing = pr.check_queries(prometheus, rules=[{"alert": "X", "expr": "refuse_me > 0"}])
     (refused,) = [q for q in missing if q["source"] == "rule X: selector"]
@@ -165,6 +202,7 @@ def test_the_report_draws_every_panel(prometheus, tmp_path):
     text = index.read_text()
     assert "## KV cache usage" in text and "(01-time-to-first-token-p50-p99.png)" in text
     assert "- no series in this range" in text  # the router's panels: the fake has none
+    assert "- no fallback endpoints: no front is scraped as job nginx-fallback" in text
     assert "rate interval 240s" in text
     assert pr.main(["--prometheus", prometheus, "--since", "30m", "--out", str(tmp_path / "cli")]) == 0
     assert (tmp_path / "cli" / "index.md").is_file()
