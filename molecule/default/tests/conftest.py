@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -16,17 +18,32 @@ from prometheus_client.parser import text_string_to_metric_families
 PREFILL = os.environ.get("INFEROPS_PREFILL_HOST", "molecule-prefill")
 DECODE = os.environ.get("INFEROPS_DECODE_HOST", "molecule-decode")
 ROUTER = os.environ.get("INFEROPS_ROUTER_HOST", "molecule-router")
+# Tests that run a playbook on molecule's own inventory (not against the sandbox of up.sh).
+molecule_only = pytest.mark.skipif(not os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY"),
+                                   reason="runs inside molecule only (its inventory)")
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "changes_deployment: changes what the other tests read (day-2 operations); "
-                                       "runs after every test without the mark, in the order written")
-
-
-def pytest_collection_modifyitems(items):
-    """Tests that change the deployment run after those that only read it, whatever their file names (a stable
-    sort: the order within each group is pytest's, i.e. file by file, as written)."""
-    items.sort(key=lambda item: item.get_closest_marker("changes_deployment") is not None)
+def pytest_collection_modifyitems(config, items):
+    """Tests that change the deployment run after those that only read it, whatever their file names, in the
+    order their mark gives (`changes_deployment(order=N)`, pytest.ini): the day-2 operations (order 1) leave the
+    deployment as the front's fallback tests (order 2) expect it. A stable sort: within one order, as written."""
+    def key(item):
+        mark = item.get_closest_marker("changes_deployment")
+        if mark is None:
+            return (0, 0)
+        order = mark.kwargs.get("order", mark.args[0] if mark.args else None)
+        assert isinstance(order, int), f"{item.nodeid}: changes_deployment needs order=N (pytest.ini)"
+        return (1, order)
+    items.sort(key=key)
+    # scripts/test.sh --skip NAME (INFEROPS_VERIFY_SKIP: test file names without test_ and .py, space-separated,
+    # e.g. "day2 fallback"): the fast path for a change those files do not concern. CI runs everything.
+    skip = set(os.environ.get("INFEROPS_VERIFY_SKIP", "").split())
+    if skip:
+        left_out = [item for item in items if item.path.stem.removeprefix("test_") in skip]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if item not in left_out]
+            print(f"\nINFEROPS_VERIFY_SKIP={' '.join(sorted(skip))}: {len(left_out)} tests left out")
 
 
 def front_ca() -> str | None:
@@ -44,14 +61,61 @@ def secret(name: str) -> str:
 
 
 def deploy_playbook(inventory: str, name: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    """ansible-playbook of this checkout's playbooks/NAME with molecule's ansible.cfg, output captured."""
+    """ansible-playbook of this checkout's playbooks/NAME with molecule's ansible.cfg, output captured. Each run's
+    output also goes to INFEROPS_TEST_LOG_DIR (scripts/test.sh sets it) with its wall time, so that the test run
+    ends with every playbook's task-timing recap, passing or not."""
     project = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
     env = dict(os.environ)
     cfg = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"), "ansible.cfg")
     if os.path.isfile(cfg):
         env["ANSIBLE_CONFIG"] = cfg
-    return subprocess.run(["ansible-playbook", "-i", inventory, os.path.join(project, "playbooks", name), *args],
-                          cwd=project, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    started = time.monotonic()
+    run = subprocess.run(["ansible-playbook", "-i", inventory, os.path.join(project, "playbooks", name), *args],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    log_dir = os.environ.get("INFEROPS_TEST_LOG_DIR")
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+        number = len([f for f in os.listdir(log_dir) if f.endswith(".log")]) + 1
+        with open(os.path.join(log_dir, f"{number:02d}-{name}.log"), "w") as log:
+            log.write(f"# ansible-playbook {name} {' '.join(args)}: rc {run.returncode}, "
+                      f"{time.monotonic() - started:.0f} s\n{run.stdout}{run.stderr}")
+    return run
+
+
+def cloud_deployed(timeout: float = 1800) -> str:
+    """The directory of the test "cloud" (molecule/default/cloud.yml: its CA, key and fallbacks.yml) once its
+    deployment finished; prepare.yml starts it in the background, a run against another inventory deploys it
+    here. Fails with the deployment's log when it failed."""
+    project = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
+    ephemeral = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
+    cloud_dir = os.path.join(ephemeral, "cloud")
+    rc_file, log_file = os.path.join(cloud_dir, "deploy.rc"), os.path.join(cloud_dir, "deploy.log")
+    if not os.path.exists(log_file):  # not started by prepare.yml: now
+        env = dict(os.environ)
+        cfg = os.path.join(ephemeral, "ansible.cfg")
+        if os.path.isfile(cfg):
+            env["ANSIBLE_CONFIG"] = cfg
+        os.makedirs(cloud_dir, mode=0o700, exist_ok=True)
+        with open(log_file, "w") as log:
+            playbook = os.path.join(project, "molecule", "default", "cloud.yml")
+            rc = subprocess.run(["ansible-playbook", "-i", os.path.join(ephemeral, "inventory"), playbook,
+                                 "-e", f"cloud_dir={cloud_dir}"],
+                                cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                check=False).returncode
+        with open(rc_file, "w") as f:
+            f.write(f"{rc}\n")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(rc_file):
+        assert time.monotonic() < deadline, f"molecule/default/cloud.yml not finished within {timeout} s"
+        time.sleep(5)
+    with open(rc_file) as f, open(log_file) as log:
+        assert f.read().strip() == "0", log.read()[-8000:]
+    return cloud_dir
+
+
+# Written by the first deploy_pd.yml run that gave the front the cloud as its fallback (the day-2 run does,
+# under load); the fallback tests deploy it themselves when no run did (a run that skips the day-2 file).
+FALLBACKS_DEPLOYED = "front-has-fallbacks"
 
 
 def container_ip(name: str) -> str:
@@ -138,3 +202,22 @@ def prefill_url():
 @pytest.fixture(scope="session")
 def decode_url():
     return f"http://{container_ip(DECODE)}:8200"
+
+
+def instance_urls(host, address: str) -> dict[str, str]:
+    """{instance name: API URL} of every instance the host runs (its /etc/vllm/*.toml, as the role wrote them):
+    converge gives the decode host two, and the front may send a request to either."""
+    out = {}
+    for path in sorted(host.check_output("ls /etc/vllm").split()):
+        if path.endswith(".toml"):
+            port = re.search(r"^port = (\d+)$", host.file(f"/etc/vllm/{path}").content_string, re.M)
+            assert port, f"/etc/vllm/{path} has no port"
+            out[path[:-len(".toml")]] = f"http://{address}:{port.group(1)}"
+    assert out, "no instance config in /etc/vllm"
+    return out
+
+
+@pytest.fixture
+def decode_urls(decode_host):
+    """Every decode instance's URL (read afresh: the day-2 tests change the pool)."""
+    return instance_urls(decode_host, container_ip(DECODE))
