@@ -176,3 +176,133 @@ def summary(result: LoadResult, start: float, end: float) -> str:
     return (f"{len(inside)} requests sent during the operation ({end - start:.0f} s), "
             f"{sum(1 for r in inside if r[2])} failed; whole load: {result.completed} completed, "
             f"{result.failed} failed in {result.runs} bench runs; TTFT p50 {median} ms")
+
+
+# A prompt of about 32 tokens of the small model's tokenizer (plain words; the exact count does not matter
+# for the day-2 checks, only that it is several tokens so that KV really moves from prefill to decode).
+_WORDS = ("the river city lights morning quiet garden paper window travel music friendly mountain coffee "
+          "yellow summer careful history number forest letter market ocean simple").split()
+
+
+class FrontLoad:
+    """Steady streaming completions from this process (no vLLM import, no container) through `base_url`.
+
+    Sends one request every 1/`rate` s (at most `max_concurrency` in flight: a request due while that many
+    are running waits, as `vllm bench serve --max-concurrency` does) and records each request's start
+    (CLOCK_MONOTONIC, time.perf_counter, as the containers share this kernel's clock), its time to the
+    first streamed token and its error. `stop()` stops sending at once and waits only for what is in flight.
+    The same LoadResult as BenchLoad, so the same judgements apply. With `local_only`, an answer that the front
+    says a fallback served (X-Inferops-Served-By) counts as failed: a fallback hides a failure of the local pool,
+    which is what an operation under this load must not have."""
+
+    def __init__(self, base_url: str, model: str, api_key: str, ca_file: str | None = None, rate: float = 0.5,
+                 output_len: int = 8, max_concurrency: int = 4, timeout: float = 300, local_only: bool = True):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.ca_file = ca_file
+        self.rate = rate
+        self.output_len = output_len
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+        self.local_only = local_only
+        self.started_at: float | None = None
+        self.stopped = False
+        self._stop = threading.Event()
+        self._slots = threading.BoundedSemaphore(max_concurrency)
+        self._lock = threading.Lock()
+        self._records: list[tuple[float, float | None, str]] = []
+        self._workers: list[threading.Thread] = []
+        self._thread: threading.Thread | None = None
+
+    def _context(self):
+        import ssl  # noqa: PLC0415 - only for https fronts
+        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+
+    def _one(self, number: int) -> None:
+        import urllib.error  # noqa: PLC0415
+        import urllib.request  # noqa: PLC0415
+        words = [_WORDS[(number * 7 + i) % len(_WORDS)] for i in range(28)]
+        body = {"model": self.model, "prompt": " ".join(words), "max_tokens": self.output_len, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        req = urllib.request.Request(f"{self.base_url}/v1/completions", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json",
+                                                             "Authorization": f"Bearer {self.api_key}"})
+        start = time.perf_counter()
+        ttft, error = None, ""
+        try:
+            context = self._context() if self.base_url.startswith("https") else None
+            with urllib.request.urlopen(req, timeout=self.timeout, context=context) as resp:
+                served_by = resp.headers.get("X-Inferops-Served-By")
+                if self.local_only and served_by not in (None, "local"):
+                    error = f"served by {served_by}, not by the local pool"
+                done = False
+                for raw in resp:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    if line == b"data: [DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(line[5:])
+                    if "error" in chunk and not error:
+                        error = f"error chunk: {json.dumps(chunk)[:300]}"
+                        break
+                    if ttft is None:
+                        ttft = time.perf_counter() - start
+                if not done and not error:
+                    error = "stream ended without [DONE]"
+        except urllib.error.HTTPError as exc:
+            error = f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
+        except (OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._slots.release()
+        with self._lock:
+            self._records.append((start, ttft, error))
+
+    def _send(self) -> None:
+        number = 0
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            if self._stop.wait(max(0.0, next_at - time.monotonic())):
+                break
+            while not self._slots.acquire(timeout=0.5):
+                if self._stop.is_set():
+                    return
+            worker = threading.Thread(target=self._one, args=(number,), daemon=True)
+            worker.start()
+            self._workers.append(worker)
+            number += 1
+            next_at = max(next_at + 1 / self.rate, time.monotonic() - 1 / self.rate)
+
+    def start(self, settle: float = 0.0) -> float:
+        """Start sending; returns the CLOCK_MONOTONIC time from which requests flow."""
+        self.started_at = time.perf_counter()
+        self._thread = threading.Thread(target=self._send, daemon=True)
+        self._thread.start()
+        if settle:
+            time.sleep(settle)
+        return time.perf_counter()
+
+    def snapshot(self) -> LoadResult:
+        """What finished so far (the load goes on)."""
+        with self._lock:
+            requests = sorted(self._records)
+        failed = sum(1 for r in requests if r[2])
+        return LoadResult(runs=1, completed=len(requests) - failed, failed=failed, requests=requests)
+
+    def stop(self, timeout: float | None = None) -> LoadResult:
+        """Send nothing more, wait for the requests in flight (each bounded by its own timeout)."""
+        self.stopped = True
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout + 5)
+        for worker in self._workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        unfinished = sum(1 for w in self._workers if w.is_alive())
+        result = self.snapshot()
+        if unfinished:
+            raise RuntimeError(f"{unfinished} requests still in flight after the stop's timeout")
+        return result
