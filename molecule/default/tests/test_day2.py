@@ -1,20 +1,18 @@
-"""Day-2 operations under steady client load (`vllm bench serve`, the real client): one deploy_pd.yml
-re-run that adds a decode instance and rolls another whose setting changed, the decode pool rolled with
-playbooks/rolling_restart.yml, a failing rollout stopped, a one-instance pool refused, a decode instance
-killed with SIGKILL, a decode instance removed.
+"""Day-2 operations under steady client load: one deploy_pd.yml run that scales the decode pool in (decode-1
+leaves) and out (decode-2 joins), rolls decode-0 whose setting changed and gives the front its fallback, all at
+once; the decode pool rolled with playbooks/rolling_restart.yml; a failing rollout stopped; a one-instance pool
+refused; a decode instance killed with SIGKILL.
 
-One load runs through the whole file (module fixture `load`): starting `vllm bench serve` runs costs
-seconds of CPU each on 2 cores, and a run's results exist only once it has sent all its requests, so
-a load per test paid a settle and a tail per test. Each operation records its time window; the last
-test reads the bench results once and judges every window (no failed request, requests sent all
-along; for the kill, a bound), and that no request failed outside them.
+One load runs through the whole file (module fixture `load`): streaming completions sent from this process
+through the front (benchmarks/bench_load.py FrontLoad: no vLLM import on the two busy cores, every request's
+start, TTFT and error recorded, stopped at once). Each operation records its time window; the last test judges
+every window (no failed request, requests sent all along; for the kill, a bound), and that no request failed
+outside them. An answer that the front's fallback served counts as failed: the local pool must not fail.
 
-These tests change the deployment (they add decode-1, a third vLLM process, to the decode host), so
-they carry the `changes_deployment` mark, which conftest.py runs after every other test whatever the file
-names; the tests run in the order written. The second decode
-instance lives on the existing decode host, on the same core as decode-0: a second container
-would add minutes of provisioning for the same property (the other instances' files, and so their
-processes, do not change when the pool grows).
+Converge gives the decode host two instances (host_vars/molecule-decode.yml), so the pool a roll without
+downtime needs is there from the start. These tests change the deployment, so they carry the
+`changes_deployment(order=1)` mark (pytest.ini): conftest.py runs them after every read-only test and before
+the fallback tests (order 2); within this file, in the order written.
 """
 
 from __future__ import annotations
@@ -29,25 +27,34 @@ import time
 from dataclasses import dataclass
 
 import pytest
-import tomllib
 import yaml
-from conftest import DECODE, PREFILL, container_ip, deploy_playbook, front_ca, secret
+from conftest import (
+    DECODE,
+    FALLBACKS_DEPLOYED,
+    cloud_deployed,
+    container_ip,
+    deploy_playbook,
+    front_ca,
+    secret,
+)
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
 EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
 sys.path.insert(0, os.path.join(PROJECT, "benchmarks"))
 
-from bench_load import BenchLoad, summary  # noqa: E402
+from bench_load import FrontLoad, summary  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not (PROJECT and EPHEMERAL), reason="runs inside molecule only (its inventory)"),
-              pytest.mark.changes_deployment]
+              pytest.mark.changes_deployment(order=1)]
 
 MODEL = "smollm2-135m-instruct"
-DECODE_1 = {"name": "decode-1", "port": 8201, "kv_transfer_port": 5701, "cpus": "1"}
+CLOUD = os.environ.get("INFEROPS_CLOUD_HOST", "molecule-cloud")
+DECODE_1 = "decode-1"  # in converge's pool; leaves it in the day-2 run
+DECODE_2 = {"name": "decode-2", "port": 8202, "kv_transfer_port": 5702, "cpus": "1"}  # joins it
 DECODE_0_CHANGE = {"shutdown_timeout": 45}
-# The load covers an operation when no stretch of it went without a request sent for this long: a chain
-# of bench runs that broke leaves holes of 30 s and more; at 0.5 req/s on 2 cores busy starting a vLLM
-# the client itself was measured sending nothing for 11.5 s.
+POOL = ["decode-0", "decode-2"]  # the decode pool after the day-2 run
+# The load covers an operation when no stretch of it went without a request sent for this long: at 0.5
+# requests/s with at most 4 in flight, a gap this long means every slot hung on a stalled pool.
 MAX_GAP = 20
 HEALTH_8200 = "python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8200/health', timeout=5)\""
 
@@ -71,20 +78,18 @@ def router_workers(router_host) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def inventory(tmp_path_factory):
-    """Molecule's inventory with decode-1 added to the decode host's instances."""
+    """Molecule's inventory with the decode host's pool changed: decode-1 gone, decode-2 added, decode-0's
+    shutdown_timeout changed."""
     src = os.path.join(EPHEMERAL, "inventory")
     dst = tmp_path_factory.mktemp("inventory") / "inventory"
     shutil.copytree(src, dst, symlinks=False)
-    # The decode group's instances (group_vars/decode.yml, unless the host sets its own) plus decode-1.
     host_vars = dst / "host_vars" / f"{DECODE}.yml"
     data = yaml.safe_load(host_vars.read_text()) or {}
-    instances = data.get("vllm_instance_instances") or \
-        yaml.safe_load((dst / "group_vars" / "decode.yml").read_text())["vllm_instance_instances"]
-    assert DECODE_1["name"] not in [i["name"] for i in instances]
-    # ... and decode-0's shutdown_timeout changed: the same run rolls it (decode-1 in rotation by then).
+    instances = data["vllm_instance_instances"]
+    assert [i["name"] for i in instances] == ["decode-0", DECODE_1], "converge's decode pool changed: see host_vars"
     instances = [{**i, "overrides": {**i.get("overrides", {}), **DECODE_0_CHANGE}} if i["name"] == "decode-0" else i
-                 for i in instances]
-    data["vllm_instance_instances"] = instances + [DECODE_1]
+                 for i in instances if i["name"] != DECODE_1]
+    data["vllm_instance_instances"] = [*instances, DECODE_2]
     host_vars.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(dst)
 
@@ -108,20 +113,17 @@ OPERATIONS: list[Operation] = []
 
 
 @pytest.fixture(scope="module")
-def load(prefill_host, front_url):
-    """One steady load for the whole file, from the prefill container's vLLM venv (its `vllm bench
-    serve`) through the front over TLS; the last test stops it and reads the results."""
-    config = tomllib.loads(prefill_host.file("/etc/vllm/prefill-0.toml").content_string)
-    tokenizer = config["model"]["name"]
-    bench = BenchLoad(PREFILL, front_url, MODEL, tokenizer, secret("client_api_key"), ca_file=front_ca(),
-                      window=120, overlap=40)
-    bench.start()
-    yield bench
-    if not bench.stopped:
-        bench.stop()
+def load(front_url):
+    """One steady load for the whole file, from this process through the front over TLS; the last test stops it
+    and judges what it saw."""
+    front = FrontLoad(front_url, MODEL, secret("client_api_key"), ca_file=front_ca(), rate=0.5)
+    front.start()
+    yield front
+    if not front.stopped:
+        front.stop()
 
 
-def measured(load: BenchLoad, name: str, action, max_failed: float = 0):
+def measured(load: FrontLoad, name: str, action, max_failed: float = 0):
     """Run `action()` under the load and record its window; returns what the action returned."""
     start = time.perf_counter()
     value = action()
@@ -136,36 +138,72 @@ def health_settings(router_host) -> tuple[int, int, int]:
     return values[0], values[1], values[2]
 
 
-def test_one_deploy_pd_run_adds_an_instance_and_rolls_a_changed_one_under_load(
+def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_and_adds_fallbacks_under_load(
         inventory, load, prefill_host, decode_host, router_host):
-    """deploy_pd.yml with decode-1 added and decode-0's shutdown_timeout changed (one run: each deploy_pd.yml run
-    under load costs minutes on 2 cores): decode-1 starts and joins both router replicas; decode-0 is marked while
-    the run changes it and rolled at its end (out of the routers, drained, restarted, proven, put back); prefill
-    is not restarted; no mark is left."""
+    """deploy_pd.yml with decode-1 gone, decode-2 added, decode-0's shutdown_timeout changed and the cloud as the
+    front's fallback, in one run (each deploy_pd.yml run under load costs minutes on 2 cores): decode-1 is taken
+    out of every router replica and drained before anything changes, then stopped and its files removed; decode-2
+    starts and joins both replicas; decode-0 is marked while the run changes it and rolled at the end (out of the
+    routers, drained, restarted, proven, put back); prefill is not restarted; no mark is left; the front has the
+    fallback. No request fails or is served by the fallback all along."""
+    cloud_dir = cloud_deployed()
     prefill_before = unit_start(prefill_host, "vllm@prefill-0")
     decode_0_before = unit_start(decode_host, "vllm@decode-0")
-    run = measured(load, "deploy_pd.yml adds decode-1 and rolls decode-0 (a changed setting)",
-                   lambda: playbook(inventory, "deploy_pd.yml"))
+    run = measured(load, "deploy_pd.yml: decode-1 out, decode-2 in, decode-0 rolled (a changed setting), fallbacks",
+                   lambda: playbook(inventory, "deploy_pd.yml", "-e", f"@{cloud_dir}/fallbacks.yml"))
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
+    with open(os.path.join(cloud_dir, FALLBACKS_DEPLOYED), "w") as f:
+        f.write(inventory + "\n")
     assert unit_start(prefill_host, "vllm@prefill-0") == prefill_before
-    assert "decode-0 rolled" in output and "decode-1 rolled" not in output, output[-3000:]
+    # decode-0 rolled (a changed setting); decode-2 started new, so nothing to roll.
+    assert "decode-0 rolled" in output and "decode-2 rolled" not in output, output[-3000:]
     assert unit_start(decode_host, "vllm@decode-0") != decode_0_before
     assert "shutdown_timeout = 45" in decode_host.file("/etc/vllm/decode-0.toml").content_string
-    assert decode_host.service("vllm@decode-1").is_running
+    assert decode_host.service("vllm@decode-2").is_running
     assert decode_host.run("ls /var/lib/inferops-vllm/restart-pending").stdout.strip() == ""
-    # Both router replicas know the new instance and count both decode instances healthy.
-    urls = {f"http://{container_ip(DECODE)}:{port}" for port in (8200, 8201)}
+    # decode-1: out of the routers first, then stopped and its files gone.
+    decode_1 = f"http://{container_ip(DECODE)}:8201"
+    assert "Left the inventory and taken out of" in output and decode_1 in output, output[-3000:]
+    assert output.index("Left the inventory and taken out of") < output.index("TASK [inferops.vllm.vllm_instance")
+    assert not decode_host.service("vllm@decode-1").is_running
+    assert not decode_host.file("/etc/vllm/decode-1.toml").exists
+    # Both router replicas count decode-0 and decode-2 healthy, and no longer know decode-1.
+    urls = {f"http://{container_ip(DECODE)}:{port}" for port in (8200, 8202)}
     for workers in router_workers(router_host):
         healthy = {w["url"] for w in workers["workers"] if w["is_healthy"]}
         assert urls <= healthy, workers
+        assert decode_1 not in {w["url"] for w in workers["workers"]}, workers
+    # The front has its fallback now (the fallback tests, order 2, use it): the site sends to the cloud's address.
+    site = router_host.file("/etc/nginx/sites-enabled/inferops-vllm.conf").content_string
+    assert f'set $inferops_fallback_upstream_0 "{container_ip(CLOUD)}:8443";' in site, site[-3000:]
+
+
+def test_a_rollout_goes_decode_first_stops_at_the_first_failure_and_keeps_the_marks(inventory, decode_host):
+    """The routers unreachable (a wrong port): asked for prefill-0, decode-0 and decode-2 in that order, the rollout
+    starts with the decode pool (decode before prefill, whatever the order asked), its first instance's first step
+    fails, the rollout stops there with the instance, the step and the reason, and no instance was restarted. A
+    restart mark (as deploy_pd.yml's handler writes it for a changed running instance) survives the failed run."""
+    mark = "/var/lib/inferops-vllm/restart-pending/decode-0"
+    decode_host.run(f"mkdir -p {os.path.dirname(mark)} && echo 'decode-0: its configuration, environment, unit or "
+                    f"runtime changed while it ran' > {mark}")
+    before = {name: unit_start(decode_host, f"vllm@{name}") for name in POOL}
+    run = playbook(inventory, "rolling_restart.yml", "-e",
+                   json.dumps({"vllm_rollout_instances": ["prefill-0", *POOL]}), "-e", "vllm_router_port=9")
+    output = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "The rolling restart stopped at decode-0" in output, output[-3000:]
+    assert "Take the instance out of the routers' rotation" in output and "127.0.0.1:9" in output
+    assert not re.search(r"(prefill-0|decode-0|decode-2) rolled", output), output[-3000:]
+    assert {name: unit_start(decode_host, f"vllm@{name}") for name in before} == before
+    assert decode_host.file(mark).exists, "the restart mark did not survive the failed run"
 
 
 def test_the_decode_pool_rolls_under_load(inventory, load, prefill_host, decode_host):
-    before = {name: unit_start(decode_host, f"vllm@{name}") for name in ("decode-0", "decode-1")}
+    before = {name: unit_start(decode_host, f"vllm@{name}") for name in POOL}
     prefill_before = unit_start(prefill_host, "vllm@prefill-0")
-    run = measured(load, "rolling_restart.yml of decode-0 and decode-1", lambda: playbook(
-        inventory, "rolling_restart.yml", "-e", '{"vllm_rollout_instances": ["decode-0", "decode-1"]}'))
+    run = measured(load, f"rolling_restart.yml of {' and '.join(POOL)}", lambda: playbook(
+        inventory, "rolling_restart.yml", "-e", json.dumps({"vllm_rollout_instances": POOL})))
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     for name, was in before.items():
@@ -175,20 +213,8 @@ def test_the_decode_pool_rolls_under_load(inventory, load, prefill_host, decode_
     # Each was proven with a request handed over directly before it went back.
     # (Task headers only: molecule's profile_tasks callback repeats task names in its recap.)
     assert output.count("TASK [inferops.vllm.vllm_rollout : Prove that the instance hands KV over") == 2, output[-3000:]
-
-
-def test_a_rollout_stops_at_the_first_instance_that_fails_and_says_why(inventory, decode_host):
-    """The routers unreachable (a wrong port): the first instance's first step fails, the rollout stops there
-    with the instance, the step and the reason, and no instance was restarted."""
-    before = {name: unit_start(decode_host, f"vllm@{name}") for name in ("decode-0", "decode-1")}
-    run = playbook(inventory, "rolling_restart.yml", "-e", '{"vllm_rollout_instances": ["decode-0", "decode-1"]}',
-                   "-e", "vllm_router_port=9")
-    output = run.stdout + run.stderr
-    assert run.returncode != 0
-    assert "The rolling restart stopped at decode-0" in output, output[-3000:]
-    assert "Take the instance out of the routers' rotation" in output and "127.0.0.1:9" in output
-    assert "decode-1 rolled" not in output and "decode-0 rolled" not in output
-    assert {name: unit_start(decode_host, f"vllm@{name}") for name in before} == before
+    # The mark the failed run left (previous test) is gone: this run rolled its instance.
+    assert decode_host.run("ls /var/lib/inferops-vllm/restart-pending").stdout.strip() == ""
 
 
 def test_a_pool_of_one_instance_is_refused_without_allow_downtime(inventory, prefill_host):
@@ -233,32 +259,6 @@ def test_a_killed_decode_instance_comes_back_into_rotation(load, decode_host, ro
                                 max_failed=load.max_concurrency + load.rate * window, quiet_after=recovered_at))
 
 
-def test_a_decode_instance_is_removed_under_load_without_failed_requests(
-        inventory, load, prefill_host, decode_host, router_host):
-    """deploy_pd.yml with decode-1 gone from the inventory (decode-0 keeps its changed setting, so nothing else
-    changes): decode-1 is taken out of every router replica and drained before anything changes, then stopped and
-    its files removed; the others keep running."""
-    host_vars = os.path.join(inventory, "host_vars", f"{DECODE}.yml")
-    with open(host_vars) as f:
-        data = yaml.safe_load(f)
-    data["vllm_instance_instances"] = [i for i in data["vllm_instance_instances"] if i["name"] != DECODE_1["name"]]
-    with open(host_vars, "w") as f:
-        yaml.safe_dump(data, f, sort_keys=False)
-    before = {"prefill-0": unit_start(prefill_host, "vllm@prefill-0"),
-              "decode-0": unit_start(decode_host, "vllm@decode-0")}
-    run = measured(load, "scale-in (deploy_pd.yml without decode-1)", lambda: playbook(inventory, "deploy_pd.yml"))
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-4000:]
-    decode_1 = f"http://{container_ip(DECODE)}:8201"
-    assert "Left the inventory and taken out of" in output and decode_1 in output, output[-3000:]
-    assert unit_start(prefill_host, "vllm@prefill-0") == before["prefill-0"]
-    assert unit_start(decode_host, "vllm@decode-0") == before["decode-0"]
-    assert not decode_host.service("vllm@decode-1").is_running
-    assert not decode_host.file("/etc/vllm/decode-1.toml").exists
-    for workers in router_workers(router_host):
-        assert decode_1 not in {w["url"] for w in workers["workers"]}, workers
-
-
 def test_the_load_lost_no_request_beyond_what_each_operation_may_cost(load):
     """The bench results of the whole file, judged per operation: no failed request during a scale-out,
     a scale-in or a roll, requests sent all along each one, the kill's failures bounded and none after its
@@ -280,6 +280,6 @@ def test_the_load_lost_no_request_beyond_what_each_operation_may_cost(load):
     outside = [r for r in result.requests if r[2] and not any(op.start <= r[0] <= op.end for op in OPERATIONS)]
     if outside:
         problems.append(f"{len(outside)} requests failed outside the operations: {[r[2][:200] for r in outside][:3]}")
-    print(f"whole load: {result.completed} completed, {result.failed} failed in {result.runs} bench runs")
+    print(f"whole load: {result.completed} completed, {result.failed} failed")
     assert result.completed > 0
     assert not problems, problems

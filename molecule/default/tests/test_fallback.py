@@ -29,19 +29,28 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import DECODE, ROUTER, container_ip, deploy_playbook, front_ca, metric_samples, secret
+from conftest import (
+    DECODE,
+    FALLBACKS_DEPLOYED,
+    ROUTER,
+    cloud_deployed,
+    container_ip,
+    deploy_playbook,
+    front_ca,
+    metric_samples,
+    secret,
+)
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
 EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
 CLOUD = os.environ.get("INFEROPS_CLOUD_HOST", "molecule-cloud")
 
 pytestmark = [pytest.mark.skipif(not (PROJECT and EPHEMERAL), reason="runs inside molecule only (its inventory)"),
-              pytest.mark.changes_deployment]
+              pytest.mark.changes_deployment(order=2)]
 
 MODEL = "smollm2-135m-instruct"
 CLOUD_MODEL = "cloud-smollm"
 SERVED_BY = "X-Inferops-Served-By"
-CLOUD_DIR = os.path.join(EPHEMERAL, "cloud")
 
 
 def _context() -> ssl.SSLContext | None:
@@ -120,33 +129,18 @@ def _wait(what: str, check, timeout: float = 300, every: float = 3):
 
 @pytest.fixture(scope="module")
 def cloud():
-    """The cloud deployed (cloud.yml, in the background since prepare.yml), then the front re-deployed with it as
-    its fallback (deploy_pd.yml)."""
-    inventory = os.path.join(EPHEMERAL, "inventory")
-    rc_file, log_file = os.path.join(CLOUD_DIR, "deploy.rc"), os.path.join(CLOUD_DIR, "deploy.log")
-    if not os.path.exists(log_file):  # not started by prepare.yml (a run against another inventory): now
-        env = dict(os.environ)
-        cfg = os.path.join(EPHEMERAL, "ansible.cfg")
-        if os.path.isfile(cfg):
-            env["ANSIBLE_CONFIG"] = cfg
-        os.makedirs(CLOUD_DIR, mode=0o700, exist_ok=True)
-        with open(log_file, "w") as log:
-            rc = subprocess.run(["ansible-playbook", "-i", inventory, os.path.join(PROJECT, "molecule", "default",
-                                 "cloud.yml"), "-e", f"cloud_dir={CLOUD_DIR}"], cwd=PROJECT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, timeout=1800, check=False).returncode
-        with open(rc_file, "w") as f:
-            f.write(f"{rc}\n")
-    _wait("molecule/default/cloud.yml (started by prepare.yml) to finish", lambda: os.path.exists(rc_file),
-          timeout=1800, every=5)
-    with open(rc_file) as f, open(log_file) as log:
-        assert f.read().strip() == "0", log.read()[-8000:]
-    deploy = deploy_playbook(inventory, "deploy_pd.yml", "-e", f"@{CLOUD_DIR}/fallbacks.yml")
-    assert deploy.returncode == 0, deploy.stdout[-8000:] + deploy.stderr[-3000:]
-    with open(os.path.join(CLOUD_DIR, "api_key")) as f:
+    """The cloud deployed (cloud.yml, in the background since prepare.yml) and the front given it as its fallback:
+    by the day-2 file's deploy_pd.yml run (under load, with its other changes), else here."""
+    cloud_dir = cloud_deployed()
+    with open(os.path.join(cloud_dir, "api_key")) as f:
         cloud_key = f.read().split()[0]
-    # The front's key is nowhere in what the deploy printed.
-    assert cloud_key not in deploy.stdout + deploy.stderr
-    return {"key": cloud_key}
+    if not os.path.exists(os.path.join(cloud_dir, FALLBACKS_DEPLOYED)):
+        deploy = deploy_playbook(os.path.join(EPHEMERAL, "inventory"), "deploy_pd.yml", "-e",
+                                 f"@{cloud_dir}/fallbacks.yml")
+        assert deploy.returncode == 0, deploy.stdout[-8000:] + deploy.stderr[-3000:]
+        # The cloud's key is nowhere in what the deploy printed.
+        assert cloud_key not in deploy.stdout + deploy.stderr
+    return {"key": cloud_key, "dir": cloud_dir}
 
 
 def test_the_cloud_is_a_real_vllm_behind_tls_with_its_own_key(cloud):
@@ -154,7 +148,7 @@ def test_the_cloud_is_a_real_vllm_behind_tls_with_its_own_key(cloud):
     url = f"https://{container_ip(CLOUD)}:8443/v1/models"
     with pytest.raises(urllib.error.URLError):  # not trusted without its CA
         urllib.request.urlopen(url, timeout=30)
-    ctx = ssl.create_default_context(cafile=os.path.join(CLOUD_DIR, "ca.pem"))
+    ctx = ssl.create_default_context(cafile=os.path.join(cloud["dir"], "ca.pem"))
     ours = urllib.request.Request(url, headers={"Authorization": f"Bearer {secret('client_api_key')}"})
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(ours, timeout=30, context=ctx)
@@ -266,18 +260,18 @@ def test_back_to_local_when_decode_returns(cloud, front_url):
     _podman_exec(DECODE, f"systemctl start {' '.join(units)}")
     _wait("the decode units to run", lambda: all(
         _podman_exec(DECODE, f"systemctl is-active {unit} || true").strip() == "active" for unit in units), timeout=120)
-    before_cloud = cloud_requests()
 
     def served_locally():
         status, headers, _body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), key)
         return status == 200 and headers.get(SERVED_BY) == "local"
 
-    # vLLM starting on the CPU, then the router's health check seeing it.
+    # vLLM starting on the CPU, then the router's health check seeing it. Requests that fell back while the
+    # router had not yet seen decode return are allowed until then.
     _wait("the front to serve locally again", served_locally, timeout=600, every=5)
-    before_front = fallback_counts()
+    before_cloud, before_front = cloud_requests(), fallback_counts()
     for _request in range(3):
         status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), key)
         assert status == 200 and headers.get(SERVED_BY) == "local", (status, body[:500])
+    # From then on, nothing reaches the cloud and nothing is counted as a fallback.
     assert fallback_counts() == before_front
-    # Requests that fell back while the router had not yet seen decode return are allowed before this point.
-    assert cloud_requests() >= before_cloud
+    assert cloud_requests() == before_cloud

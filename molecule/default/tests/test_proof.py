@@ -15,7 +15,6 @@ import pytest
 from conftest import front_ca, secret
 
 MODEL = "smollm2-135m-instruct"
-ROLES = {"prefill-0": "prefill", "decode-0": "decode"}
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +27,14 @@ def vllm_metrics():
     return module
 
 
-def snapshot(vllm_metrics, prefill_url, decode_url):
+def roles(decode_urls) -> dict[str, str]:
+    return {"prefill-0": "prefill", **dict.fromkeys(decode_urls, "decode")}
+
+
+def snapshot(vllm_metrics, prefill_url, decode_urls):
+    """Every instance's metrics: the front may send a request to any decode instance of the pool."""
     out = {}
-    for name, url in (("prefill-0", prefill_url), ("decode-0", decode_url)):
+    for name, url in (("prefill-0", prefill_url), *decode_urls.items()):
         with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
             out[name] = vllm_metrics.summarize_instance(resp.read().decode())["metrics"]
     return out
@@ -46,43 +50,43 @@ def complete(url: str, key: str, prompt: str) -> int:
         return json.loads(resp.read())["usage"]["prompt_tokens"]
 
 
-def settled(vllm_metrics, before, prefill_url, decode_url, prompt_tokens):
+def settled(vllm_metrics, before, prefill_url, decode_urls, prompt_tokens):
     """Evaluate once the counters have settled (NIXL's grow a moment after the answer): read them
     until two reads a second apart agree, at most 10 s."""
-    after = snapshot(vllm_metrics, prefill_url, decode_url)
+    after = snapshot(vllm_metrics, prefill_url, decode_urls)
     for _attempt in range(10):
         time.sleep(1)
-        again = snapshot(vllm_metrics, prefill_url, decode_url)
+        again = snapshot(vllm_metrics, prefill_url, decode_urls)
         if again == after:
             break
         after = again
-    return vllm_metrics.evaluate_proof_request(before, after, ROLES, prompt_tokens)
+    return vllm_metrics.evaluate_proof_request(before, after, roles(decode_urls), prompt_tokens)
 
 
-def test_a_request_through_the_front_is_handed_over(vllm_metrics, front_url, prefill_url, decode_url):
-    before = snapshot(vllm_metrics, prefill_url, decode_url)
+def test_a_request_through_the_front_is_handed_over(vllm_metrics, front_url, prefill_url, decode_urls):
+    before = snapshot(vllm_metrics, prefill_url, decode_urls)
     tokens = complete(front_url, secret("client_api_key"), "Proof one: the sun rises in the east and sets in the")
-    evaluation = settled(vllm_metrics, before, prefill_url, decode_url, tokens)
+    evaluation = settled(vllm_metrics, before, prefill_url, decode_urls, tokens)
     assert evaluation["handoff_proven"], evaluation["problems"]
     assert evaluation["kv_tokens_transferred"] >= tokens - vllm_metrics.RECOMPUTED_PROMPT_TOKENS
 
 
-def test_a_request_that_skips_prefill_fails_the_proof(vllm_metrics, prefill_url, decode_url):
-    before = snapshot(vllm_metrics, prefill_url, decode_url)
+def test_a_request_that_skips_prefill_fails_the_proof(vllm_metrics, prefill_url, decode_url, decode_urls):
+    before = snapshot(vllm_metrics, prefill_url, decode_urls)
     tokens = complete(decode_url, secret("instance_api_key"), "Proof two: rivers flow down from the hills into the")
-    evaluation = settled(vllm_metrics, before, prefill_url, decode_url, tokens)
+    evaluation = settled(vllm_metrics, before, prefill_url, decode_urls, tokens)
     assert not evaluation["handoff_proven"], evaluation
     assert evaluation["decode_local_compute_tokens"] > vllm_metrics.RECOMPUTED_PROMPT_TOKENS
     assert any("recomputed on decode" in p or "no KV arrived" in p for p in evaluation["problems"]), evaluation
 
 
-def test_a_partial_handoff_fails_the_proof(vllm_metrics, front_url, prefill_url, decode_url):
+def test_a_partial_handoff_fails_the_proof(vllm_metrics, front_url, prefill_url, decode_url, decode_urls):
     """Two requests judged as one: the first handed over, the second computed by decode itself. Compared
     as totals against one transfer, this passed before; judged against the whole prompt it must fail."""
-    before = snapshot(vllm_metrics, prefill_url, decode_url)
+    before = snapshot(vllm_metrics, prefill_url, decode_urls)
     handed = complete(front_url, secret("client_api_key"), "Proof three: the cat sat on the warm mat by the")
     direct = complete(decode_url, secret("instance_api_key"), "Proof four: birds sing in the tall green trees at")
-    evaluation = settled(vllm_metrics, before, prefill_url, decode_url, handed + direct)
+    evaluation = settled(vllm_metrics, before, prefill_url, decode_urls, handed + direct)
     assert not evaluation["handoff_proven"], evaluation
     assert 0 < evaluation["kv_tokens_transferred"] < handed + direct - 1, evaluation
     assert evaluation["nixl_transfers"] >= 1
