@@ -17,6 +17,7 @@ PROMPT = "Question: what is the capital of France? Answer in one word. Answer: T
 INSTANCES = [
     ("prefill_host", "prefill-0", 8100, 5600),
     ("decode_host", "decode-0", 8200, 5700),
+    ("decode_host", "decode-1", 8201, 5701),
 ]
 
 
@@ -46,7 +47,9 @@ def test_process_runs_as_vllm_user_without_key_in_argv(request, host_fixture, na
     assert len(children) == 1, children
     assert host.check_output(f"ps -o user= -p {children[0]}") == "vllm"
     argv = host.file(f"/proc/{children[0]}/cmdline").content_string.split("\0")
-    assert argv[1:3] == ["/opt/vllm/venv/bin/vllm", "serve"] or argv[0].endswith("vllm"), argv
+    # The venv's python running the venv's `vllm serve` entry point, with this instance's port.
+    assert argv[0].startswith("/opt/vllm/venv/bin/python") and argv[1:3] == ["/opt/vllm/venv/bin/vllm", "serve"], argv
+    assert argv[argv.index("--port") + 1] == str(port), argv
     assert "--api-key" not in argv and "--api-key" not in launcher
     assert "--kv-transfer-config" in argv
 
