@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DECODE, PREFILL, ROUTER, container_ip, journal_tail
+from conftest import DECODE, PREFILL, ROUTER, container_ip, journal_tail, molecule_only
 
 # The scenario's network (scripts/sandbox/up.sh's is inferops-sandbox).
 NETWORK = os.environ.get("INFEROPS_NETWORK", "inferops-molecule")
@@ -232,3 +232,60 @@ def test_the_handler_reloads_never_restarts():
     handlers = yaml.safe_load((REPO / "roles" / "vllm_firewall" / "handlers" / "main.yml").read_text())
     (handler,) = [h for h in handlers if h["name"] == "Load the vLLM firewall rules"]
     assert handler["ansible.builtin.systemd_service"]["state"] == "reloaded"
+
+
+FIREWALL_ONLY = """---
+- name: Gather the addresses the rules admit peers by
+  hosts: prefill:decode:router:monitoring
+  gather_facts: false
+  tasks:
+    - name: Facts
+      ansible.builtin.setup:
+        gather_subset: [min, network]
+
+- name: The vllm_firewall role alone on the decode host
+  hosts: decode
+  gather_facts: false
+  become: true
+  roles:
+    - role: inferops.vllm.vllm_firewall
+"""
+
+
+@molecule_only
+def test_disabling_the_firewall_removes_its_rules_and_enabling_it_brings_them_back(decode_host, tmp_path):
+    """vllm_firewall_enabled: false on a host whose rules an earlier run loaded: the unit, the rules file and the
+    table are gone, the run says the ports are not restricted, and a non-peer reaches the KV transfer port; set
+    back to true, the same rules are loaded again and the non-peer is refused."""
+    address = container_ip(DECODE)
+    kv_port = next(kv for name, kv, api in INSTANCES if name == DECODE)
+    inventory = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "inventory")
+    playbook = tmp_path / "firewall.yml"
+    playbook.write_text(FIREWALL_ONLY)
+    rules_before = decode_host.file(RULES).content_string
+    table_before = decode_host.check_output("nft list table inet inferops_vllm")
+    env = dict(os.environ)
+    cfg = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "ansible.cfg")
+    if os.path.isfile(cfg):
+        env["ANSIBLE_CONFIG"] = cfg
+
+    def role(enabled: bool) -> str:
+        run = subprocess.run(["ansible-playbook", "-i", inventory, str(playbook), "-e",
+                              f"vllm_firewall_enabled={'true' if enabled else 'false'}"], env=env, capture_output=True,
+                             text=True, timeout=600, check=False, cwd=str(REPO))
+        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+        return run.stdout
+
+    try:
+        output = role(False)
+        assert "vllm_firewall is disabled on molecule-decode" in output, output[-3000:]
+        assert not decode_host.file(RULES).exists
+        assert not decode_host.file(f"/etc/systemd/system/{UNIT}").exists
+        assert decode_host.run("nft list table inet inferops_vllm").rc != 0
+        assert connect_from_outsider(address, kv_port) == "connected"
+    finally:
+        role(True)
+    assert decode_host.file(RULES).content_string == rules_before
+    assert decode_host.check_output("nft list table inet inferops_vllm") == table_before
+    assert decode_host.service("inferops-vllm-firewall").is_running
+    assert connect_from_outsider(address, kv_port) == "refused"

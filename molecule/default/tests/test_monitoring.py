@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 import time
 import urllib.parse
 
 import pytest
-from conftest import front_ca, secret
+from conftest import deploy_playbook, front_ca, molecule_only, secret
 
 sys.path.insert(0, os.path.join(os.environ.get("MOLECULE_PROJECT_DIRECTORY", ""), "benchmarks"))
 import prom_report  # noqa: E402
@@ -103,3 +104,16 @@ def test_the_png_report_draws_every_panel_from_the_real_prometheus(prometheus_ge
     for image in images:
         assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({image.name})" in text, image
     assert "- error:" not in text and "- no series in this range" not in text, text
+
+
+@molecule_only
+def test_the_monitoring_playbook_alone_finds_everything_in_place(router_host):
+    """playbooks/monitoring.yml (the monitoring part of deploy_pd.yml, run on its own after a change of the
+    monitoring settings) on the deployed inventory: it runs through and changes nothing, since converge set up
+    the same; Prometheus stays up."""
+    run = deploy_playbook(os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "inventory"), "monitoring.yml")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)
+    assert recap and all(r[1:] == ("0", "0", "0") for r in recap), (recap, output[-4000:])
+    assert router_host.service("prometheus").is_running

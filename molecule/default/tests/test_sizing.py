@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import urllib.request
 
 import pytest
-from conftest import container_ip, journal_tail, metric_samples
+from conftest import container_ip, deploy_playbook, journal_tail, metric_samples, molecule_only
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, os.environ["ANSIBLE_COLLECTIONS_PATH"].split(":")[0])
@@ -52,6 +53,20 @@ def test_sizing_matches_vllm_for_16_bit_kv(decode_url):
     assert live["cache_dtype"] == "auto"
     assert int(live["block_size"]) == BLOCK
     assert int(live["kv_cache_size_tokens"]) == predicted_tokens(2)
+
+
+@molecule_only
+def test_sizing_playbook_prints_what_each_live_instance_has(prefill_host, decode_host, prefill_url, decode_urls):
+    """playbooks/sizing.yml on the deployment's inventory (no host contacted) says, per instance, the tokens its KV
+    cache holds: exactly what each running vLLM reports."""
+    run = deploy_playbook(os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "inventory"), "sizing.yml")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    printed = dict(re.findall(r"\S+/(\S+) \((?:prefill|decode)\): (?:at most )?(\d+) tokens in", output))
+    live = {"prefill-0": prefill_url, **decode_urls}
+    assert set(printed) == set(live), (printed, output[-3000:])
+    for name, url in live.items():
+        assert int(printed[name]) == int(live_cache_config(url)["kv_cache_size_tokens"]), (name, output[-3000:])
 
 
 STOP_BOUND_SECONDS = 25  # the unit's TimeoutStopSec (20) and a margin: a stop must not hang
