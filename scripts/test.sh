@@ -1,20 +1,92 @@
 #!/usr/bin/env bash
-# The README's test command: installs what it needs (sandbox, tools), then runs lint, unit
-# tests and the molecule scenarios against real vLLM in Podman containers.
-# INFEROPS_TEST_STAGES limits the stages (space-separated: lint unit molecule).
+# The README's test command: installs what it needs (sandbox, tools), then runs every stage: lint, unit
+# tests and the molecule scenarios against real vLLM in Podman containers. CI (.ci/run) runs it as it is.
+#
+#   bash scripts/test.sh                        # everything (what CI runs)
+#   bash scripts/test.sh --only unit            # one stage, or several: --only lint,unit
+#   bash scripts/test.sh --only molecule --skip day2,fallback
+#   bash scripts/test.sh --list                 # the stages and what each runs
+#
+# Stages: lint, sanity, build, unit, driver, gateway, molecule. --skip takes stages and, for the molecule
+# stage, test files of molecule/default/tests (without test_ and .py: day2, fallback, ...), which that stage
+# then leaves out (INFEROPS_VERIFY_SKIP; what was left out is said in the output). INFEROPS_TEST_STAGES
+# (space-separated) is the same as --only. Ends with a table of each stage's time and every playbook's
+# task-timing recap from the molecule verify step.
 # (Everything runs inside main(), so bash has read the whole file before it starts.)
 # shellcheck source=scripts/sandbox/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/sandbox/lib.sh"
 
+ALL_STAGES="lint sanity build unit driver gateway molecule"
+
+# The molecule/default/tests files, as --skip names them: " benchmark client_config day2 ...".
+verify_files() {
+  local f
+  for f in "$REPO_ROOT"/molecule/default/tests/test_*.py; do f="${f##*/test_}"; printf ' %s' "${f%.py}"; done
+}
+
+usage() {
+  cat <<EOF
+usage: bash scripts/test.sh [--only STAGE[,STAGE...]] [--skip STAGE|FILE[,...]] [--list]
+
+stages (all by default, in this order; driver and gateway run in the background beside unit):
+  lint      yamllint --strict, ansible-lint (production profile), ruff, shellcheck
+  sanity    ansible-test sanity on the collection's plugins
+  build     the collection artifact built and installed; ansible-doc of every module, filter and role;
+            every playbook's --syntax-check against both inventories
+  unit      pytest tests/unit (pytest-xdist, both cores)
+  driver    molecule test -s nvidia_driver (the NVIDIA driver role in Debian and Ubuntu containers)
+  gateway   tests/gateway/run.sh (the front's fallback semantics on real nginx + njs)
+  molecule  molecule test -s default: real vLLM, NIXL, vllm-router, nginx in four containers
+--skip also takes molecule/default/tests file names for the molecule stage:$(verify_files)
+EOF
+}
+
 main() {
-  local stages="${INFEROPS_TEST_STAGES:-lint unit molecule}" start out inv role scenario bin
+  local only="${INFEROPS_TEST_STAGES:-}" skip="" stages="" s
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --only) only="${2//,/ }"; shift 2 ;;
+      --only=*) only="${1#--only=}"; only="${only//,/ }"; shift ;;
+      --skip) skip="$skip ${2//,/ }"; shift 2 ;;
+      --skip=*) s="${1#--skip=}"; skip="$skip ${s//,/ }"; shift ;;
+      --list|-h|--help) usage; return 0 ;;
+      *) usage >&2; die "unknown argument: $1" ;;
+    esac
+  done
+  local verify_files
+  verify_files="$(verify_files)"
+  for s in $only; do [[ " $ALL_STAGES " == *" $s "* ]] || die "unknown stage '$s' (stages: $ALL_STAGES)"; done
+  local verify_skip=""
+  for s in $skip; do
+    if [[ " $ALL_STAGES " == *" $s "* ]]; then :
+    elif [[ "$verify_files " == *" $s "* ]]; then verify_skip="$verify_skip $s"
+    else die "unknown stage or molecule test file '$s' (stages: $ALL_STAGES; files:$verify_files)"; fi
+  done
+  for s in $ALL_STAGES; do
+    if { [ -z "$only" ] || [[ " $only " == *" $s "* ]]; } && [[ " $skip " != *" $s "* ]]; then stages="$stages $s"; fi
+  done
+  stages="${stages# }"
+  has() { [[ " $stages " == *" $1 "* ]]; }
+
+  local start out inv role bin t0 times=() bg_pid="" bg_log="" bg_rc=0 bg_times=""
   start=$(date +%s)
   stage() { printf '\n\033[1m== %s\033[0m (t+%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
+  # timed NAME COMMAND...: runs a stage's command and records its time for the table at the end.
+  timed() {
+    local name="$1" t rc=0; shift
+    t=$(date +%s)
+    "$@" || rc=$?
+    times+=("$name|$(( $(date +%s) - t ))|$rc")
+    return "$rc"
+  }
 
+  stage "stages: $stages${verify_skip:+ (molecule verify without:$verify_skip)}"
   stage "sandbox and tools"
+  t0=$(date +%s)
   "$REPO_ROOT/scripts/sandbox/setup.sh" all
-  if [[ " $stages " == *" molecule "* ]]; then "$REPO_ROOT/scripts/sandbox/setup.sh" ubuntu-image; fi
+  if has driver; then "$REPO_ROOT/scripts/sandbox/setup.sh" ubuntu-image; fi
   bin="$("$REPO_ROOT/scripts/sandbox/tools.sh")"
+  times+=("setup (sandbox image, wheelhouse, model, tools)|$(( $(date +%s) - t0 ))|0")
   export PATH="$bin:$PATH"
   export_sandbox_env
   export ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
@@ -22,77 +94,134 @@ main() {
   # molecule installs a copy of the collection under test into ~/.ansible/collections; a stale
   # one from an earlier run would shadow this checkout for ansible-lint.
   rm -rf "$HOME/.ansible/collections/ansible_collections/inferops/vllm"
+  # Every playbook a molecule test runs leaves its output here (molecule/default/tests/conftest.py).
+  export INFEROPS_TEST_LOG_DIR
+  INFEROPS_TEST_LOG_DIR="$(mktemp -d /tmp/inferops-test-logs.XXXXXX)"
 
-  if [[ " $stages " == *" lint "* ]]; then
+  if has lint; then
     stage "lint: yamllint, ansible-lint (production profile), ruff, shellcheck"
-    yamllint --strict .
-    ansible-lint --offline
-    ruff check .
-    shellcheck -x scripts/*.sh scripts/sandbox/*.sh .ci/run
-
+    timed lint lint_all || return 1
+  fi
+  if has sanity; then
     stage "ansible-test sanity"
-    "$REPO_ROOT/scripts/sanity.sh"
-
+    timed sanity "$REPO_ROOT/scripts/sanity.sh" || return 1
+  fi
+  if has build; then
     stage "collection: build and install the artifact, docs render, playbooks and inventories parse"
-    out="$(mktemp -d)"
-    ansible-galaxy collection build --force --output-path "$out" . >/dev/null
-    ANSIBLE_COLLECTIONS_PATH="$out/installed" ansible-galaxy collection install --force --offline --no-deps -p "$out/installed" "$out"/inferops-vllm-*.tar.gz >/dev/null
-    test -f "$out/installed/ansible_collections/inferops/vllm/roles/vllm_instance/files/inferops_vllm_launch.py"
-    test ! -e "$out/installed/ansible_collections/inferops/vllm/molecule"
-    rm -rf "$out"
-    # Every module, filter (each documented by its .yml) and role there is: none can be forgotten.
-    for module in plugins/modules/*.py; do
-      ansible-doc -t module "inferops.vllm.$(basename "$module" .py)" >/dev/null
-    done
-    for filter in plugins/filter/*.yml; do
-      ansible-doc -t filter "inferops.vllm.$(basename "$filter" .yml)" >/dev/null
-    done
-    for role in roles/*/; do
-      ansible-doc -t role "inferops.vllm.$(basename "$role")" >/dev/null
-    done
-    for inv in sandbox example; do
-      ansible-inventory -i "inventories/$inv" --list >/dev/null
-      ansible-playbook --syntax-check -i "inventories/$inv" playbooks/*.yml >/dev/null
-    done
+    timed build build_all || return 1
   fi
 
-  if [[ " $stages " == *" unit "* ]]; then
-    stage "unit tests"
-    pytest -q tests/unit
+  # The driver scenario (apt and podman exec, little CPU) and the gateway checks (one nginx container)
+  # run in the background beside the unit stage, into a log shown when they end, before the default
+  # scenario creates its network (two networks created at once could pick the same bridge).
+  if has driver || has gateway; then
+    bg_log="$(mktemp)"; bg_times="$(mktemp)"
+    stage "background:$(has driver && echo ' molecule test -s nvidia_driver')$(has gateway && echo ' tests/gateway/run.sh') (started; output shown after the unit stage)"
+    (
+      set +e
+      rc=0
+      if has driver; then
+        t=$(date +%s); molecule test -s nvidia_driver; r=$?; [ $r -eq 0 ] || rc=$r
+        echo "driver (molecule test -s nvidia_driver, in the background)|$(( $(date +%s) - t ))|$r" >>"$bg_times"
+      fi
+      if has gateway; then
+        echo "== tests/gateway/run.sh"
+        t=$(date +%s); bash tests/gateway/run.sh; r=$?; [ $r -eq 0 ] || rc=$r
+        echo "gateway (tests/gateway/run.sh, in the background)|$(( $(date +%s) - t ))|$r" >>"$bg_times"
+      fi
+      exit $rc
+    ) >"$bg_log" 2>&1 &
+    bg_pid=$!
+  fi
+  local unit_rc=0
+  if has unit; then
+    stage "unit tests (pytest-xdist, 2 workers)"
+    timed unit pytest -q -n 2 --durations=15 tests/unit || unit_rc=1
+  fi
+  if [ -n "$bg_pid" ]; then
+    t0=$(date +%s)
+    wait "$bg_pid" || bg_rc=$?
+    times+=("(waiting for the background stages after unit)|$(( $(date +%s) - t0 ))|0")
+    stage "background stages: their output"
+    cat "$bg_log"; rm -f "$bg_log"
+    while IFS= read -r s; do times+=("$s"); done <"$bg_times"; rm -f "$bg_times"
+  fi
+  if [ "$unit_rc" -ne 0 ] || [ "$bg_rc" -ne 0 ]; then
+    report_times
+    [ "$unit_rc" -eq 0 ] || echo "the unit tests failed" >&2
+    [ "$bg_rc" -eq 0 ] || echo "molecule test -s nvidia_driver or tests/gateway/run.sh failed (rc=$bg_rc): output above" >&2
+    return 1
   fi
 
-  if [[ " $stages " == *" molecule "* ]]; then
-    # The driver scenario runs no vLLM (apt and podman exec, little CPU): it runs beside the
-    # others, into a log that is shown when it ends, and then the front's fallback semantics against
-    # real nginx + njs (tests/gateway/run.sh: one container, fake upstreams). The others run one at a time.
-    local beside="nvidia_driver" beside_log beside_pid="" beside_rc=0
-    if [ -f "molecule/$beside/molecule.yml" ]; then
-      beside_log="$(mktemp)"
-      stage "molecule test -s $beside, then tests/gateway/run.sh (started; run beside the next scenarios)"
-      # Started after the next scenario created its network: two `podman network create` at the same
-      # moment (each scenario's create) can pick the same CNI bridge, and one network then has no
-      # gateway on this machine (seen: molecule's index could not bind its gateway address).
-      (sleep 90 && molecule test -s "$beside" && echo "== tests/gateway/run.sh" && bash tests/gateway/run.sh) \
-        >"$beside_log" 2>&1 &
-      beside_pid=$!
-    fi
+  if has molecule; then
     # molecule/default/prepare.yml starts a package index (the decode host installs from it).
     trap '"$REPO_ROOT/scripts/sandbox/index_server.sh" stop >/dev/null 2>&1 || true' EXIT
-    for scenario in molecule/*/molecule.yml; do
-      scenario="$(basename "$(dirname "$scenario")")"
-      [ "$scenario" = "$beside" ] && continue
-      stage "molecule test -s $scenario"
-      molecule test -s "$scenario" || { [ -z "$beside_pid" ] || wait "$beside_pid" || true; return 1; }
-    done
-    if [ -n "$beside_pid" ]; then
-      wait "$beside_pid" || beside_rc=$?
-      stage "molecule test -s $beside and tests/gateway/run.sh (their output)"
-      cat "$beside_log"; rm -f "$beside_log"
-      [ "$beside_rc" -eq 0 ] || { echo "molecule test -s $beside or tests/gateway/run.sh failed (rc=$beside_rc)" >&2; return 1; }
-    fi
+    stage "molecule test -s default${verify_skip:+ (verify without:$verify_skip)}"
+    local mol_rc=0
+    INFEROPS_VERIFY_SKIP="${verify_skip# }" timed "molecule (default scenario)" molecule test -s default || mol_rc=1
+    playbook_recaps
+    if [ "$mol_rc" -ne 0 ]; then report_times; return 1; fi
   fi
 
+  report_times
   stage "all stages passed: $stages"
+}
+
+# shellcheck disable=SC2317  # called through timed
+lint_all() {
+  yamllint --strict . && ansible-lint --offline && ruff check . &&
+    shellcheck -x scripts/*.sh scripts/sandbox/*.sh tests/gateway/*.sh .ci/run
+}
+
+# shellcheck disable=SC2317  # called through timed
+build_all() {
+  local out module filter role inv
+  out="$(mktemp -d)"
+  ansible-galaxy collection build --force --output-path "$out" . >/dev/null || return 1
+  ANSIBLE_COLLECTIONS_PATH="$out/installed" ansible-galaxy collection install --force --offline --no-deps \
+    -p "$out/installed" "$out"/inferops-vllm-*.tar.gz >/dev/null || return 1
+  test -f "$out/installed/ansible_collections/inferops/vllm/roles/vllm_instance/files/inferops_vllm_launch.py" || return 1
+  test ! -e "$out/installed/ansible_collections/inferops/vllm/molecule" || return 1
+  rm -rf "$out"
+  # Every module, filter (each documented by its .yml) and role there is: none can be forgotten.
+  for module in plugins/modules/*.py; do
+    ansible-doc -t module "inferops.vllm.$(basename "$module" .py)" >/dev/null || return 1
+  done
+  for filter in plugins/filter/*.yml; do
+    ansible-doc -t filter "inferops.vllm.$(basename "$filter" .yml)" >/dev/null || return 1
+  done
+  for role in roles/*/; do
+    ansible-doc -t role "inferops.vllm.$(basename "$role")" >/dev/null || return 1
+  done
+  for inv in sandbox example; do
+    ansible-inventory -i "inventories/$inv" --list >/dev/null || return 1
+    ansible-playbook --syntax-check -i "inventories/$inv" playbooks/*.yml >/dev/null || return 1
+  done
+}
+
+# Every playbook that a molecule test ran: its command, result, wall time and its slowest tasks
+# (ansible.posix.profile_tasks' recap), passing or not.
+playbook_recaps() {
+  local log
+  [ -d "${INFEROPS_TEST_LOG_DIR:-}" ] || return 0
+  stage "playbooks run by the molecule tests: time and slowest tasks"
+  for log in "$INFEROPS_TEST_LOG_DIR"/*.log; do
+    [ -f "$log" ] || continue
+    head -n 1 "$log"
+    grep -E -- ' -{3,} +[0-9]+\.[0-9]+s$' "$log" | head -n 8 | sed 's/^/    /'
+  done
+}
+
+# The table of each stage's time, at the end of every run (passing or not).
+report_times() {
+  local row name secs rc total=$(( $(date +%s) - start ))
+  printf '\n\033[1m== time per stage\033[0m\n'
+  printf '%-62s %8s  %s\n' "stage" "seconds" "result"
+  for row in "${times[@]}"; do
+    IFS='|' read -r name secs rc <<<"$row"
+    printf '%-62s %8s  %s\n' "$name" "$secs" "$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")"
+  done
+  printf '%-62s %8s  (%dm %02ds)\n' "total (wall clock)" "$total" $(( total / 60 )) $(( total % 60 ))
 }
 
 main "$@"

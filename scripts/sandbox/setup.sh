@@ -20,7 +20,7 @@ apt_install() {
 
 step_host() {
   apt_install podman crun debootstrap golang-github-containernetworking-plugin-dnsname \
-    uidmap fuse-overlayfs ca-certificates shellcheck openssh-client
+    uidmap fuse-overlayfs ca-certificates shellcheck openssh-client nftables
   # 1. root lacks CAP_SYS_RESOURCE here, so podman's default rlimits cannot be applied;
   #    vLLM's engine needs ~160 MiB of /dev/shm, and Podman's default is 64 MiB.
   local conf=/etc/containers/containers.conf line

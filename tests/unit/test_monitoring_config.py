@@ -5,7 +5,7 @@ A small inventory (a prefill host, a decode host with two instances, a router ho
 host) runs the roles' own entry points: vllm_instance's preflight publishes the instances, vllm_router's
 publish entry point the replicas, vllm_monitoring's preflight checks the shape; then the role's own template
 tasks write into a temporary directory (Prometheus' configuration validated by `promtool check config`, the
-firewall's rules by `nft --check` where nft is installed). Nothing outside that directory is touched.
+firewall's rules by `nft --check`, which must be installed). Nothing outside that directory is touched.
 """
 
 from __future__ import annotations
@@ -215,9 +215,12 @@ def plays(out: Path, nft: bool) -> list[dict[str, Any]]:
 
 
 def _nft_usable() -> bool:
-    if not shutil.which("nft"):
-        return False
-    return subprocess.run(["nft", "--check", "--file", "/dev/null"], capture_output=True, check=False).returncode == 0
+    """The rendered rules are validated by `nft --check` as the role does on a host: nft must be usable here
+    (scripts/sandbox/setup.sh installs nftables); a test that silently dropped the validation could not fail."""
+    assert shutil.which("nft"), "nft is not installed: apt-get install nftables (scripts/sandbox/setup.sh does)"
+    check = subprocess.run(["nft", "--check", "--file", "/dev/null"], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, f"nft --check does not work here: {check.stderr}"
+    return True
 
 
 @pytest.fixture(scope="module")
