@@ -178,3 +178,18 @@ def test_a_host_without_pd_is_not_checked(fabric):
     assert kv_fabric_problems(fabric("no_rdma"), published(("solo-0", {}), role="none")) == []
     # The fabric task is skipped there: its skipped result is no facts.
     assert kv_fabric_problems({"skipped": True}, published(("solo-0", {}), role="none")) == []
+
+
+# --------------------------------------------------------------------------- the controller's PD preflight
+
+
+def test_prefill_and_decode_must_agree_on_the_kv_transport():
+    from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_preflight import instance, one, problems
+
+    # A cuda prefill (auto = rdma) and a decode that says tcp.
+    found = problems(prefill={"p1": instance("prefill", variant="cuda", kv_buffer_device="cuda", gpu_memory_bytes=0)},
+                     decode={"d1": instance("decode", kv_transport="tcp")})
+    one(found, "parity", "vllm_instance_kv_transport: prefill and decode must agree on the KV transport",
+        "'auto' (= rdma) on p1 (prefill)", "'tcp' on d1 (decode)", "Fix: set one vllm_instance_kv_transport")
+    # auto on the cpu build is tcp: the sandbox's hosts agree whether they say it or not.
+    assert not [p for p in problems(decode={"d1": instance("decode", kv_transport="tcp")}) if "kv_transport" in p]
