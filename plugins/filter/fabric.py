@@ -64,6 +64,14 @@ def kv_fabric_problems(fabric, published, require_nvidia_peermem=True):
     return _kv_fabric.host_problems(fabric, published.get("vllm_variant"), instances, bool(require_nvidia_peermem))
 
 
+def kv_transport(published):
+    """How a host's PD instances carry KV, ``rdma`` or ``tcp`` (its first instance's setting, ``auto`` resolved by
+    the build; the PD preflight makes every instance agree)."""
+    instances = list(_published_instances(published).values())
+    settings = (instances[0].get("settings") if instances else None) or published.get("settings") or {}
+    return _kv_fabric.transport(settings.get("kv_transport"), published.get("vllm_variant"))
+
+
 class FilterModule:
     def filters(self):
-        return {"kv_fabric": kv_fabric, "kv_fabric_problems": kv_fabric_problems}
+        return {"kv_fabric": kv_fabric, "kv_fabric_problems": kv_fabric_problems, "kv_transport": kv_transport}

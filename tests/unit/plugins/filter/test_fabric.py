@@ -193,3 +193,12 @@ def test_prefill_and_decode_must_agree_on_the_kv_transport():
         "'auto' (= rdma) on p1 (prefill)", "'tcp' on d1 (decode)", "Fix: set one vllm_instance_kv_transport")
     # auto on the cpu build is tcp: the sandbox's hosts agree whether they say it or not.
     assert not [p for p in problems(decode={"d1": instance("decode", kv_transport="tcp")}) if "kv_transport" in p]
+
+
+def test_the_transport_of_a_hosts_record():
+    from ansible_collections.inferops.vllm.plugins.filter.fabric import kv_transport
+
+    assert kv_transport(published(("decode-0", {}))) == "rdma"
+    assert kv_transport(published(("decode-0", {}), variant="cpu")) == "tcp"
+    assert kv_transport(published(("decode-0", {"kv_transport": "tcp"}))) == "tcp"
+    assert kv_transport({"vllm_variant": "cpu", "settings": {"kv_transport": "rdma"}, "instances": []}) == "rdma"
