@@ -35,8 +35,17 @@ def nearest(result):
     return {g["pci_bus_id"]: (g["nearest_ports"], g["affinity"]) for g in result["gpus"]}
 
 
-def test_the_recorded_layouts_are_there():
+def test_the_recorded_layouts_are_there_and_are_what_make_trees_writes():
+    import importlib.util
+
+    from ansible_collections.inferops.vllm.tests.unit.fabric_support import TREES
+
     assert layouts() == ["8gpu_2nic_roce", "no_rdma", "roce_bond", "switched_8gpu_8nic_ib"]
+    spec = importlib.util.spec_from_file_location("make_trees", TREES / "make_trees.py")
+    make_trees = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_trees)
+    for name, make in make_trees.LAYOUTS.items():
+        assert (TREES / f"{name}.tree").read_text(encoding="utf-8") == make().text(), f"run {TREES}/make_trees.py"
 
 
 def test_8_gpus_8_nics_one_per_pcie_switch_each_gpu_gets_the_nic_of_its_switch(tmp_path):
