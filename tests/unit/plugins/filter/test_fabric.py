@@ -202,3 +202,29 @@ def test_the_transport_of_a_hosts_record():
     assert kv_transport(published(("decode-0", {}), variant="cpu")) == "tcp"
     assert kv_transport(published(("decode-0", {"kv_transport": "tcp"}))) == "tcp"
     assert kv_transport({"vllm_variant": "cpu", "settings": {"kv_transport": "rdma"}, "instances": []}) == "rdma"
+
+
+def test_recorded_facts_to_the_launchers_environment(fabric):
+    """The 8-GPU, 8-NIC host's facts -> kv_fabric -> the template's [kv_fabric] block -> the launcher's UCX variables
+    (the block as Jinja renders it; the whole template is rendered by the real role in test_instance_templates.py)."""
+    import json
+    from pathlib import Path
+
+    import jinja2
+    from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+
+    template = (Path(__file__).resolve().parents[4] / "roles" / "vllm_instance" / "templates" / "instance.toml.j2")
+    text = template.read_text(encoding="utf-8")
+    block = text[text.index("{% if item.kv_fabric"):text.index("{% if __settings.environment")]
+    env = jinja2.Environment(trim_blocks=True)
+    env.filters["to_json"] = json.dumps
+    launch = pf.launcher()
+    for layout, gpus, expected in (
+        ("switched_8gpu_8nic_ib", [6, 7], {"UCX_NET_DEVICES": "mlx5_6:1,mlx5_7:1", "UCX_TLS": CUDA_TLS}),
+        ("roce_bond", [2], {"UCX_NET_DEVICES": "mlx5_bond_0:1", "UCX_TLS": CUDA_TLS, "UCX_IB_GID_INDEX": "3"}),
+    ):
+        (table,) = tables(fabric(layout), published(("decode-0", {})), [gpus]).values()
+        config = launch.tomllib.loads('[server]\n[model]\nname = "m"\n' + env.from_string(block).render(
+            item={"kv_fabric": table}))
+        assert launch.validate(config) == [], layout
+        assert launch.build(config, None)[1] == expected, layout
