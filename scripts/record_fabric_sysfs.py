@@ -103,7 +103,7 @@ class Recorder:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--root", default="/sys", help="where sysfs is mounted (default /sys)")
     parser.add_argument("--title", default=os.uname().nodename, help="what the host is, for the file's header")
     options = parser.parse_args(argv)

@@ -144,8 +144,8 @@ def test_rdma_said_per_instance_names_the_override(fabric):
 
 def test_the_cpu_sandbox_is_tcp_and_never_refused(fabric):
     assert kv_fabric_problems(fabric("no_rdma"), published(("decode-0", {}), variant="cpu")) == []
-    assert kv_fabric_problems(fabric("no_rdma"), published(("prefill-0", {}), role="prefill", variant="cpu",
-                                                             kv_transport="tcp")) == []
+    said = published(("prefill-0", {}), role="prefill", variant="cpu", kv_transport="tcp")
+    assert kv_fabric_problems(fabric("no_rdma"), said) == []
 
 
 def test_all_ports_down_is_refused(fabric):
