@@ -62,6 +62,7 @@ from typing import Any
 
 import yaml
 from ansible_collections.inferops.vllm.plugins.module_utils import _front_fallback as front_fallback
+from ansible_collections.inferops.vllm.plugins.module_utils import _kv_fabric as kv_fabric
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
 from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import kind as _kind
 from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import (
@@ -573,6 +574,16 @@ def _check_parity(rep: _Report, inv: _Inventory) -> None:
     _parity(rep, insts, "vllm_instance_kv_transfer_backend", "the KV connector",
             lambda i: _published(i, "kv_transfer_backend"),
             "use nixl (NixlConnector) on both groups.")
+
+    def transport(i: Instance):
+        raw = _text(i.settings.get("kv_transport")) or "auto"
+        resolved = kv_fabric.transport(raw, i.variant)
+        return resolved, _show(raw) + (f" (= {resolved})" if raw != resolved else "")
+
+    _parity(rep, insts, "vllm_instance_kv_transport",
+            "the KV transport (UCX cannot carry KV over RDMA to a peer that only speaks TCP)", transport,
+            "set one vllm_instance_kv_transport for both groups (group_vars/all): rdma where every PD host has "
+            "an active RDMA port, else tcp.")
     _check_block_size_parity(rep, insts)
 
 

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ansible_collections.inferops.vllm.plugins.module_utils import _kv_fabric
 from ansible_collections.inferops.vllm.plugins.module_utils._pd_instance import Instance
 from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import host_var, text
 
@@ -46,6 +47,11 @@ TOML_SOURCES = {
     "pd_disaggregation.kv_load_failure_policy": "setting:kv_load_failure_policy",
     "cpu.omp_threads_bind": "instance:cpus",
     "devices.cuda_visible_devices": "instance:gpus",
+    "kv_fabric": "setting:kv_transport",
+    "kv_fabric.transport": "setting:kv_transport",
+    "kv_fabric.net_devices": "setting:ucx_net_devices",
+    "kv_fabric.tls": "setting:ucx_tls",
+    "kv_fabric.ib_gid_index": "setting:ucx_ib_gid_index",
     "environment": "setting:environment",
     "extra": "setting:extra_args",
 }
@@ -212,6 +218,13 @@ def _devices(inst: Instance, config: dict[str, Any]) -> None:
             str(g) for g in (gpus if isinstance(gpus, (list, tuple, str)) else [gpus]))}
 
 
+def _kv_fabric_table(inst: Instance, config: dict[str, Any]) -> None:
+    """[kv_fabric] from the settings alone (the kv_fabric filter's table without the host's facts: on the host, an
+    rdma instance also gets the ports nearest its GPUs and their RoCE GID index, which only the host knows)."""
+    if text(inst.published.get("pd_role")) != "none":
+        config["kv_fabric"] = _kv_fabric.table(inst.settings, inst.variant)[0]
+
+
 def _free_form(inst: Instance, variables: Variables | None, config: dict[str, Any]
                ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """[environment] and extra.args, where they come from, and what cannot be rendered at all."""
@@ -240,6 +253,7 @@ def render(inst: Instance, variables: Variables | None
                               "kv_cache": _kv_cache(inst), "scheduler": _scheduler(inst),
                               "pd_disaggregation": _pd(inst, variables)}
     _devices(inst, config)
+    _kv_fabric_table(inst, config)
     sources, unrenderable = _free_form(inst, variables, config)
     return config, sources, unrenderable
 

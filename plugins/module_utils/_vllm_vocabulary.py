@@ -86,6 +86,15 @@ KV_BUFFER_DEVICES = ("cuda", "cpu")
 # KVTransferConfig.kv_load_failure_policy (vllm/config/kv_transfer.py; "fail" is vLLM's default).
 KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
+# How NIXL's UCX carries KV between prefill and decode hosts: "rdma" (InfiniBand or RoCE) or "tcp" (said on
+# purpose: UCX also falls back to TCP silently when RDMA is missing, at a hundredth of the speed).
+KV_TRANSPORTS = ("rdma", "tcp")
+# UCX_TLS transport names and aliases (ucx_info -d lists a host's; "^" before the list excludes them instead).
+UCX_RDMA_TRANSPORTS = ("ib", "rc", "rc_v", "rc_x", "rc_verbs", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ud", "ud_v",
+                       "ud_x", "ud_verbs", "ud_mlx5", "srd")
+UCX_TRANSPORTS = (*UCX_RDMA_TRANSPORTS, "all", "tcp", "sm", "shm", "self", "mm", "posix", "sysv", "xpmem", "cma",
+                  "knem", "cuda", "cuda_copy", "cuda_ipc", "gdr_copy", "rocm", "rocm_copy", "rocm_ipc", "ze_copy")
+
 _KV_SIZING = 'bound KV memory with kv_cache.memory_bytes or gpu_memory_utilization, shrink it with quant_dtype = "fp8"'
 _NO_EVICTION = "token eviction is not in vLLM 0.32 (the KV cache is paged; preempted requests are recomputed)"
 # Settings of the sources' posts that vLLM 0.32 does not have: name -> (TOML section, why, in the TOML's words).

@@ -490,6 +490,40 @@ def evaluate_pd_proof(per_request, roles):
     }
 
 
+def judge_kv_throughput(nixl_bytes, nixl_seconds, transport=None, bound_mib_s=0):
+    """How fast NIXL moved the proof's KV, judged against the bound of the deployment's KV transport.
+
+    ``nixl_bytes`` / ``nixl_seconds``: the growth of ``vllm:nixl_bytes_transferred_sum`` and
+    ``vllm:nixl_xfer_time_seconds_sum`` over the proof requests (the time NIXL spent on the transfers themselves,
+    not the requests' time). ``transport``: ``rdma`` or ``tcp`` as the deployment declared it (None when not
+    known). ``bound_mib_s``: the least MiB/s expected over that transport; 0 or None judges nothing.
+
+    Returns ``kv_transport``, ``nixl_throughput_mib_s`` (None without bytes or time), ``throughput_bound_mib_s``
+    (None without a bound), ``throughput_ok`` (None when nothing was judged) and ``problems``.
+    """
+    nixl_bytes = nixl_bytes or 0
+    nixl_seconds = nixl_seconds or 0.0
+    throughput = None
+    if nixl_bytes > 0 and nixl_seconds > 0:
+        throughput = round(nixl_bytes / 1048576 / nixl_seconds, 3)
+    bound = float(bound_mib_s) if bound_mib_s else None
+    result = {"kv_transport": transport, "nixl_throughput_mib_s": throughput, "throughput_bound_mib_s": bound,
+              "throughput_ok": None, "problems": []}
+    if bound is None or throughput is None:
+        return result
+    result["throughput_ok"] = throughput >= bound
+    if not result["throughput_ok"]:
+        over = f"over {transport}" if transport else "over the KV transport"
+        why = (": that is the speed of TCP, the sign of UCX falling back from RDMA (docs/fabric.md: ucx_info -d, "
+               "UCX_PROTO_INFO=y in the instance's environment shows the transport each transfer took)"
+               if transport == "rdma" else
+               " (a crowded CPU, a busy-polling NIXL worker or a stale peer after a restart slow it down)")
+        result["problems"].append(
+            f"NIXL moved the proof's KV at {throughput:g} MiB/s ({nixl_bytes} bytes in "
+            f"{nixl_seconds * 1000:.1f} ms of transfers), below the {bound:g} MiB/s expected {over}{why}")
+    return result
+
+
 def router_deltas(before, after):
     """Growth of the router's PD request counters (sum over workers), or None without data."""
     if not before or not after:

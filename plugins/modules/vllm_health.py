@@ -206,6 +206,20 @@ options:
         until they show that request's handoff, so a failing proof takes up to this long per request.
     type: int
     default: 10
+  kv_transport:
+    description:
+      - How the deployment carries KV between prefill and decode, V(rdma) or V(tcp) (the instances'
+        C(kv_fabric.transport)); named in RV(proof.kv_transport) and in the throughput problem.
+      - With V(rdma) the instances' E(UCX_TLS) holds no TCP transport, so a transfer that happened went over RDMA;
+        its speed shows whether it went well.
+    type: str
+    choices: [rdma, tcp]
+  min_kv_throughput_mib_s:
+    description:
+      - The least NIXL throughput, in MiB/s, expected over O(kv_transport) during the proof (bytes moved divided by
+        the time NIXL spent on the transfers); a slower proof is a problem. V(0) judges nothing.
+    type: float
+    default: 0.0
 notes:
   - The PD proof reads the counters C(vllm:prompt_tokens_by_source_total), C(vllm:nixl_xfer_time_seconds),
     C(vllm:nixl_bytes_transferred) and C(vllm:nixl_num_failed_transfers_total) before and after each proof request.
@@ -455,6 +469,26 @@ proof:
       description: Time NIXL spent transferring during the served proof requests.
       type: float
       sample: 0.071
+    kv_transport:
+      description: The KV transport the deployment declared (O(kv_transport)), V(null) when not given.
+      type: str
+      sample: tcp
+    nixl_throughput_mib_s:
+      description: >-
+        RV(proof.nixl_bytes_transferred) in MiB divided by RV(proof.nixl_xfer_time_seconds); V(null) when nothing
+        was transferred.
+      type: float
+      sample: 118.833
+    throughput_bound_mib_s:
+      description: O(min_kv_throughput_mib_s), V(null) when it is 0.
+      type: float
+      sample: 1.0
+    throughput_ok:
+      description: >-
+        Whether RV(proof.nixl_throughput_mib_s) reached the bound; V(null) without a bound or without transfers (a
+        failure of a slower proof is in RV(problems)).
+      type: bool
+      sample: true
     per_request:
       description: >-
         The figures of each served proof request, from the metrics read right before it and after its answer,
@@ -546,6 +580,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.vllm_metrics import 
     compare_expected,
     evaluate_pd_proof,
     evaluate_proof_request,
+    judge_kv_throughput,
     redact,
     redact_data,
     router_deltas,
@@ -596,6 +631,8 @@ def argument_spec():
         ),
         proof_max_tokens=dict(type="int", default=8, no_log=False),
         proof_settle_timeout=dict(type="int", default=10),
+        kv_transport=dict(type="str", choices=["rdma", "tcp"]),
+        min_kv_throughput_mib_s=dict(type="float", default=0.0),
     )
 
 
@@ -993,6 +1030,11 @@ class VllmHealth:
             router_requests=router_deltas(router_before, router_after),
         )
         proof["handoff_proven"] = proof["handoff_proven"] and failed == 0
+        speed = judge_kv_throughput(proof["nixl_bytes_transferred"], proof["nixl_xfer_time_seconds"],
+                                    self.params["kv_transport"], self.params["min_kv_throughput_mib_s"])
+        for msg in speed.pop("problems"):
+            self.problem(f"PD proof: {msg}")
+        proof.update(speed)
         return proof
 
     # ----------------------------------------------------------------------- run

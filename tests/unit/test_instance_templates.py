@@ -76,7 +76,7 @@ def _template_task(tasks: list[dict[str, Any]], src: str) -> dict[str, Any]:
 
 def playbook() -> list[dict[str, Any]]:
     tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8"))
-    (place,) = [t for t in tasks if t.get("name") == "Give each instance its GPUs"]
+    (place,) = [t for t in tasks if t.get("name") == "Give each instance its GPUs and its KV path"]
     return [{
         "name": "Render the vllm_instance role's per-instance files into a temporary directory",
         "hosts": "prefill:decode",
@@ -114,9 +114,9 @@ def _host(address: str, **extra: Any) -> dict[str, Any]:
 
 DECODE_1_INSTANCES = [
     {"name": "decode-0", "port": 8200, "kv_transfer_port": 5700},
-    # A longer drain and the other KV load failure policy for this instance only.
+    # A longer drain, the other KV load failure policy and its own UCX transports for this instance only.
     {"name": "decode-1", "port": 8201, "kv_transfer_port": 5701,
-     "overrides": {"shutdown_timeout": 600, "kv_load_failure_policy": "fail"}},
+     "overrides": {"shutdown_timeout": 600, "kv_load_failure_policy": "fail", "ucx_tls": "tcp,sm,self"}},
 ]
 
 
@@ -230,6 +230,19 @@ def test_the_drain_and_the_kv_load_failure_policy_per_instance(renders):
     args = launch.build(toml("d1", "decode-1"), None)[0]
     assert args[args.index("--shutdown-timeout") + 1] == "600"
     assert json.loads(args[args.index("--kv-transfer-config") + 1])["kv_load_failure_policy"] == "fail"
+
+
+def test_the_kv_path_of_a_cpu_build_is_tcp_and_an_instance_may_set_its_ucx_transports(renders):
+    """The cpu build's `auto` transport is tcp: the TOML says so and sets no UCX variable unless asked."""
+    out = renders[True]
+    launch = pf.launcher()
+    for host, name in (("p1", "prefill-0"), ("p2", "prefill-0"), ("d1", "decode-0"), ("d2", "decode-0")):
+        config = launch.tomllib.loads((out / host / f"{name}.toml").read_text(encoding="utf-8"))
+        assert config["kv_fabric"] == {"transport": "tcp"}, (host, name)
+        assert not [var for var in launch.build(config, None)[1] if var.startswith("UCX_")]
+    config = launch.tomllib.loads((out / "d1" / "decode-1.toml").read_text(encoding="utf-8"))
+    assert config["kv_fabric"] == {"transport": "tcp", "tls": "tcp,sm,self"}
+    assert launch.build(config, None)[1]["UCX_TLS"] == "tcp,sm,self"
 
 
 def test_each_instances_unit_waits_for_its_drain(renders):

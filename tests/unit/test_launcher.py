@@ -156,8 +156,14 @@ kvcache_space_gib = 4
 [devices]
 cuda_visible_devices = "0,1"
 
+[kv_fabric]
+transport = "rdma"
+net_devices = "mlx5_0:1,mlx5_1:1"
+tls = "rc_x,rc,cuda_copy,cuda_ipc"
+ib_gid_index = 3
+
 [environment]
-UCX_TLS = "tcp"
+UCX_RNDV_SCHEME = "get_zcopy"
 HF_HUB_OFFLINE = "1"
 
 [extra]
@@ -200,7 +206,10 @@ FULL_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "0-1",
     "VLLM_CPU_KVCACHE_SPACE": "4",
     "CUDA_VISIBLE_DEVICES": "0,1",
-    "UCX_TLS": "tcp",
+    "UCX_NET_DEVICES": "mlx5_0:1,mlx5_1:1",
+    "UCX_TLS": "rc_x,rc,cuda_copy,cuda_ipc",
+    "UCX_IB_GID_INDEX": "3",
+    "UCX_RNDV_SCHEME": "get_zcopy",
     "HF_HUB_OFFLINE": "1",
 }
 
@@ -291,6 +300,9 @@ ENV_CASES = [
     ("cpu", "omp_threads_bind", "0-3", "VLLM_CPU_OMP_THREADS_BIND", "0-3"),
     ("cpu", "kvcache_space_gib", 8, "VLLM_CPU_KVCACHE_SPACE", "8"),
     ("devices", "cuda_visible_devices", "0,1", "CUDA_VISIBLE_DEVICES", "0,1"),
+    ("kv_fabric", "net_devices", "mlx5_0:1", "UCX_NET_DEVICES", "mlx5_0:1"),
+    ("kv_fabric", "tls", "rc_x,rc,cuda_copy", "UCX_TLS", "rc_x,rc,cuda_copy"),
+    ("kv_fabric", "ib_gid_index", 3, "UCX_IB_GID_INDEX", "3"),
 ]
 
 
@@ -311,8 +323,8 @@ def test_env_cases_cover_every_env_key_in_the_schema():
 
 
 def test_environment_table_is_passed_through():
-    env = env_of(minimal(environment={"UCX_TLS": "tcp", "NCCL_DEBUG": "INFO", "_X1": ""}))
-    assert env == {"UCX_TLS": "tcp", "NCCL_DEBUG": "INFO", "_X1": ""}
+    env = env_of(minimal(environment={"UCX_RNDV_SCHEME": "get_zcopy", "NCCL_DEBUG": "INFO", "_X1": ""}))
+    assert env == {"UCX_RNDV_SCHEME": "get_zcopy", "NCCL_DEBUG": "INFO", "_X1": ""}
 
 
 def test_extra_args_are_appended_last_verbatim():
@@ -871,7 +883,7 @@ def test_top_level_scalar_is_an_unknown_section():
     config = TOML.loads('port = 8100\n[server]\n[model]\nname = "m"\n')
     assert only_problem(config) == (
         "port: unknown section; valid: server, model, kv_cache, scheduler, pd_disaggregation, cpu, devices, "
-        "environment, extra"
+        "kv_fabric, environment, extra"
     )
 
 
@@ -982,7 +994,57 @@ def test_environment_owned_variables_are_the_expected_ones():
         "VLLM_CPU_OMP_THREADS_BIND": "cpu.omp_threads_bind",
         "VLLM_CPU_KVCACHE_SPACE": "cpu.kvcache_space_gib",
         "CUDA_VISIBLE_DEVICES": "devices.cuda_visible_devices",
+        "UCX_NET_DEVICES": "kv_fabric.net_devices",
+        "UCX_TLS": "kv_fabric.tls",
+        "UCX_IB_GID_INDEX": "kv_fabric.ib_gid_index",
     }
+
+
+# --------------------------------------------------------------------------- [kv_fabric]
+
+
+def test_the_kv_transport_sets_no_variable_itself():
+    assert env_of(minimal(kv_fabric={"transport": "tcp"})) == {}
+    assert only_problem(minimal(kv_fabric={"transport": "ib"})).startswith("kv_fabric.transport: ")
+
+
+@pytest.mark.parametrize("tls", ["rc_x,rc,cuda_copy,cuda_ipc", "rc,sm,self", "dc_x,cuda_copy", "^tcp"])
+def test_rdma_transport_lists_are_accepted(tls):
+    assert problems_of(minimal(kv_fabric={"transport": "rdma", "tls": tls})) == []
+
+
+@pytest.mark.parametrize("tls", ["rc,tcp", "all"])
+def test_tcp_in_an_rdma_list_is_refused_because_ucx_would_fall_back_silently(tls):
+    problem = only_problem(minimal(kv_fabric={"transport": "rdma", "tls": tls}))
+    assert problem.startswith(f'kv_fabric.tls: "{tls}" lets UCX carry KV over TCP when RDMA fails, silently')
+
+
+def test_an_rdma_transport_without_an_rdma_transport_list_is_refused():
+    assert "has no RDMA transport" in only_problem(minimal(kv_fabric={"transport": "rdma", "tls": "sm,self"}))
+
+
+def test_rdma_names_with_the_tcp_transport_are_refused():
+    problem = only_problem(minimal(kv_fabric={"transport": "tcp", "tls": "tcp,rc_x"}))
+    assert problem == ('kv_fabric.tls: rc_x (RDMA) in the list but kv_fabric.transport is "tcp"; remove them, or set '
+                       'kv_fabric.transport = "rdma"')
+    assert problems_of(minimal(kv_fabric={"transport": "tcp", "tls": "tcp,sm,self"})) == []
+
+
+def test_unknown_ucx_transports_are_refused_with_the_names_ucx_has():
+    problem = only_problem(minimal(kv_fabric={"tls": "rc,verbs"}))
+    assert problem.startswith('kv_fabric.tls: "verbs" is not a UCX transport; write a comma-separated list of ib, ')
+
+
+def test_net_devices_are_ucx_device_names():
+    assert problems_of(minimal(kv_fabric={"net_devices": "mlx5_0:1,mlx5_bond_0:1,eth0"})) == []
+    assert only_problem(minimal(kv_fabric={"net_devices": "mlx5_0:1 mlx5_1:1"})).startswith(
+        'kv_fabric.net_devices: "mlx5_0:1 mlx5_1:1" is not a UCX device; write RDMA ports as DEVICE:PORT')
+
+
+def test_a_gid_index_is_for_roce_only():
+    assert only_problem(minimal(kv_fabric={"transport": "tcp", "ib_gid_index": 3})).startswith(
+        "kv_fabric.ib_gid_index: only RoCE uses a GID index")
+    assert only_problem(minimal(kv_fabric={"ib_gid_index": 256})).startswith("kv_fabric.ib_gid_index: ")
 
 
 def test_environment_cannot_set_vllm_api_key():
@@ -1001,8 +1063,8 @@ def test_environment_names_must_be_upper_case(name):
 
 @pytest.mark.parametrize(("value", "text"), [(1, "got integer 1"), (True, "got boolean true"), (["a"], "an array")])
 def test_environment_values_must_be_strings(value, text):
-    problem = only_problem(minimal(environment={"UCX_TLS": value}))
-    assert problem.startswith("environment.UCX_TLS: must be a string, ")
+    problem = only_problem(minimal(environment={"UCX_LOG_LEVEL": value}))
+    assert problem.startswith("environment.UCX_LOG_LEVEL: must be a string, ")
     assert text in problem
 
 
@@ -1241,7 +1303,7 @@ def test_check_mode_prints_command_and_ok(write_toml, capsys, no_exec, monkeypat
     assert lines[1] == f"{PREFIX}: env: VLLM_API_KEY=<redacted>"
     assert f"{PREFIX}: env: VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.21" in lines
     assert f"{PREFIX}: env: CUDA_VISIBLE_DEVICES=0,1" in lines
-    assert f"{PREFIX}: env: UCX_TLS=tcp" in lines
+    assert f"{PREFIX}: env: UCX_TLS=rc_x,rc,cuda_copy,cuda_ipc" in lines
     assert lines[-1] == f"{PREFIX}: {path}: config OK"
     assert len(lines) == 1 + len(FULL_ENV) + 1
     assert "s3cr3t-value" not in out
@@ -1471,22 +1533,23 @@ def test_vllm_killed_by_a_signal_kills_the_launcher_with_it(tmp_path):
 
 
 def test_secret_looking_environment_values_are_redacted_in_log(write_toml, capsys, fake_exec):
-    path = write_toml('[server]\n[model]\nname = "m"\n[environment]\nHF_TOKEN = "hf_abc"\nUCX_TLS = "tcp,cuda_copy"\n')
+    path = write_toml('[server]\n[model]\nname = "m"\n[environment]\nHF_TOKEN = "hf_abc"\n'
+                      'UCX_RNDV_SCHEME = "get_zcopy"\n')
     assert launch.main(["--config", str(path)]) == 0
     err = capsys.readouterr().err
     assert f"{PREFIX}: env: HF_TOKEN=<redacted>" in err
-    assert f"{PREFIX}: env: UCX_TLS=tcp,cuda_copy" in err
+    assert f"{PREFIX}: env: UCX_RNDV_SCHEME=get_zcopy" in err
     assert "hf_abc" not in err
     assert fake_exec[0][2]["HF_TOKEN"] == "hf_abc"
 
 
 def test_log_line_quotes_values_for_the_shell(write_toml, capsys, fake_exec):
     path = write_toml('[server]\nserved_model_name = "my model"\n[model]\nname = "/m"\n'
-                      '[environment]\nUCX_NET_DEVICES = "mlx5_0:1 mlx5_1:1"\n')
+                      '[environment]\nUCX_LOG_FILE = "/var/log/ucx %h.log"\n')
     assert launch.main(["--config", str(path), "--vllm-bin", "/v/vllm"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"{PREFIX}: exec: /v/vllm serve /m --served-model-name 'my model'"
-    assert err[1] == f"{PREFIX}: env: UCX_NET_DEVICES='mlx5_0:1 mlx5_1:1'"
+    assert err[1] == f"{PREFIX}: env: UCX_LOG_FILE='/var/log/ucx %h.log'"
 
 
 # Values the log shows (known-safe names) and values it must not (anything else, secret-looking names under
@@ -1498,7 +1561,7 @@ SHOWN_ENV = {
     "HF_HUB_OFFLINE": "1",
     "VLLM_LOGGING_LEVEL": "INFO",
     "VLLM_USAGE_STATS_SERVER": "https://stats.example",
-    "UCX_TLS": "tcp,cuda_copy",
+    "UCX_RNDV_SCHEME": "get_zcopy",
     "NCCL_SOCKET_IFNAME": "eth0",
 }
 REDACTED_ENV = {

@@ -110,6 +110,8 @@ REFUSED_SAMPLES = {
     "gpu_memory_utilization": [0.0, -0.1, 1.01, 1.5, 2],
     "kv_load_failure_policy": ["Recompute", "FAIL", "retry", "abort", "ignore", ""],
     "shutdown_timeout": [-1, -60],
+    # "auto" (the role's default) is resolved before the TOML: rdma on the cuda build, tcp on the cpu build.
+    "kv_transport": ["ib", "roce", "RDMA", "TCP", "infiniband"],
 }
 VOCABULARY = {
     "dtype": ("model", "dtype", launch.VOCAB.DTYPES),
@@ -121,6 +123,7 @@ VOCABULARY = {
     "gpu_memory_utilization": ("kv_cache", "gpu_memory_utilization", (0.05, 0.5, 0.9, 1.0)),
     "kv_load_failure_policy": ("pd_disaggregation", "kv_load_failure_policy", launch.VOCAB.KV_LOAD_FAILURE_POLICIES),
     "shutdown_timeout": ("server", "shutdown_timeout", (0, 1, 60, 86400)),
+    "kv_transport": ("kv_fabric", "transport", launch.VOCAB.KV_TRANSPORTS),
 }
 # Settings only decode instances render (a producer loads no KV): the role's preflight of a prefill host
 # does not see them (the role's argument spec refuses a bad value there), pd_preflight checks them everywhere.
@@ -150,7 +153,8 @@ REFUSED_ARGS = (
     + [["--openai-api-key", SECRET], ["--db-password", SECRET], [f"--s3-secret={SECRET}"], ["--access-token", SECRET],
        ["--api", SECRET], ["--hf-tok", SECRET], ["--max-model", "512"], ["-qawq"], ["max-log-len", "100"]]
 )
-ALLOWED_ENV = ["UCX_TLS", "UCX_NET_DEVICES", "HTTPS_PROXY", "HF_HUB_OFFLINE", "OMP_NUM_THREADS", "VLLM_LOGGING_LEVEL"]
+ALLOWED_ENV = ["UCX_RNDV_SCHEME", "UCX_LOG_LEVEL", "HTTPS_PROXY", "HF_HUB_OFFLINE", "OMP_NUM_THREADS",
+               "VLLM_LOGGING_LEVEL"]
 REFUSED_ENV = [*launch.ENV_OWNERS, "lower_case", "1ABC", "WITH-DASH"]
 
 ALL_CASES = (

@@ -39,6 +39,9 @@ CUSTOM = {
     "vllm_monitoring_alert_labels": {"team": "inference"},
     "vllm_monitoring_front_fallback_window": "4m",
     "vllm_monitoring_front_fallback_for": "3m",
+    # An RDMA deployment: the slow-transfer alert's floor is rdma's.
+    "_vllm_monitoring_kv_transport": "rdma",
+    "vllm_monitoring_kv_throughput_for": "5m",
 }
 # A router host whose front has fallback endpoints: what the role's vars/main.yml makes of vllm_router's published
 # record (the variables the template and prometheus.yml's nginx-fallback job read).
@@ -166,6 +169,10 @@ def promtool_tests(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     front_window = minutes(cfg["vllm_monitoring_front_fallback_window"])
     front_for = minutes(cfg["vllm_monitoring_front_fallback_for"])
     front = front_has_fallbacks(cfg)
+    transport = cfg.get("_vllm_monitoring_kv_transport", "tcp")
+    floor = float(cfg["vllm_monitoring_kv_throughput_min_mib_s"][transport])
+    kv_slow_for = minutes(cfg["vllm_monitoring_kv_throughput_for"])
+    kv_slow_window = cfg["vllm_monitoring_kv_throughput_window"]
 
     def instance_down(labels):
         return alert(
@@ -213,6 +220,20 @@ def promtool_tests(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             f"NIXL transfers failed on {labels['role']} instance {labels['instance_name']} ({labels['host']})",
             f"{value} failed NIXL KV transfers in the last {cfg['vllm_monitoring_nixl_window']}. Decode answers "
             "them with an error (kv_load_failure_policy fail) or recomputes the prompt itself (recompute).",
+        )
+
+    def kv_slow(labels, value):
+        why = ("On rdma this is the speed of TCP: UCX fell back (docs/fabric.md: ucx_info -d, UCX_PROTO_INFO=y)."
+               if transport == "rdma" else "Look for a crowded CPU, a busy-polling NIXL worker, or a peer restarted "
+               "under a decode that kept its old connection.")
+        return alert(
+            cfg,
+            "warning",
+            {**only(labels), "kv_transport": transport},
+            f"KV reaches {labels['role']} instance {labels['instance_name']} ({labels['host']}) at {value} MiB/s",
+            f"Below the {floor} MiB/s expected over {transport} (vllm_monitoring_kv_throughput_min_mib_s) for "
+            f"{cfg['vllm_monitoring_kv_throughput_for']}, measured over {kv_slow_window} as NIXL's bytes over its own "
+            f"transfer time. {why}",
         )
 
     def kv_expired(labels, value):
@@ -398,6 +419,29 @@ def promtool_tests(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                 {"eval_time": "2m", "alertname": "VllmNixlKvExpired", "exp_alerts": []},
                 {"eval_time": "4m", "alertname": "VllmNixlKvExpired", "exp_alerts": [kv_expired(P, "2")]},
                 {"eval_time": f"{3 + nixl_window + 1}m", "alertname": "VllmNixlKvExpired", "exp_alerts": []},
+            ],
+        }
+    )
+
+    # KV throughput: decode receives 983040 bytes per minute in 20 ms of NIXL time (46.9 MiB/s, the sandbox's
+    # TCP order), a second decode 1 MiB in 2 s (0.5 MiB/s, a stalled path); a prefill moves nothing (no rate,
+    # never an alert). tcp's floor (1) catches the stalled one only, rdma's (100) both.
+    d2 = {**D, "host": "d2", "instance_name": "decode-1", "instance": "10.0.0.22:8200"}
+    slow = [kv_slow(d2, "0.5")] + ([kv_slow(D, "46.9")] if 46.875 < floor else [])
+    groups.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("vllm:nixl_bytes_transferred_sum", {**D, **VLLM}, "0+983040x30"),
+                series("vllm:nixl_xfer_time_seconds_sum", {**D, **VLLM}, "0+0.02x30"),
+                series("vllm:nixl_bytes_transferred_sum", {**d2, **VLLM}, "0+1048576x30"),
+                series("vllm:nixl_xfer_time_seconds_sum", {**d2, **VLLM}, "0+2x30"),
+                series("vllm:nixl_bytes_transferred_sum", {**P, **VLLM}, "0x30"),
+                series("vllm:nixl_xfer_time_seconds_sum", {**P, **VLLM}, "0x30"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "VllmKvTransferSlow", "exp_alerts": []},
+                {"eval_time": f"{1 + kv_slow_for + 1}m", "alertname": "VllmKvTransferSlow", "exp_alerts": slow},
             ],
         }
     )

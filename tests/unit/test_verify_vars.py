@@ -21,7 +21,12 @@ PLAYBOOK = f"""\
   tasks:
     - name: Publish
       ansible.builtin.set_fact:
-        vllm_instance_published: {{vllm_version: "0.31.1", served_model_name: m, instances: []}}
+        vllm_instance_published:
+          vllm_version: "0.31.1"
+          served_model_name: m
+          vllm_variant: "{{{{ variant | default('cpu') }}}}"
+          settings: {{kv_transport: "{{{{ transport | default('auto') }}}}"}}
+          instances: []
         vllm_router_published:
           metrics_urls: ["http://[::1]:29100", "http://[::1]:29101"]
           tls: false
@@ -38,12 +43,18 @@ PLAYBOOK = f"""\
 
     - name: Show them
       ansible.builtin.debug:
-        msg: "RESOLVED {{{{ _vllm_verify_vllm_version }}}} {{{{ _vllm_verify_router.metrics_urls | first }}}}/metrics"
+        msg: >-
+          RESOLVED {{{{ _vllm_verify_vllm_version }}}} {{{{ _vllm_verify_router.metrics_urls | first }}}}/metrics
+          {{{{ _vllm_verify_kv_transport }}}} {{{{ _vllm_verify_min_kv_throughput }}}}
 """
 
 
-@pytest.mark.parametrize(("extra", "version"), [({}, "0.31.1"), ({"vllm_verify_vllm_version": "0.32"}, "0.32")])
-def test_the_version_and_metrics_url_come_from_the_records(tmp_path, extra, version):
+@pytest.mark.parametrize(("extra", "version", "transport"), [
+    ({}, "0.31.1", "tcp 1"),
+    ({"vllm_verify_vllm_version": "0.32", "variant": "cuda"}, "0.32", "rdma 100"),
+    ({"variant": "cuda", "transport": "tcp", "vllm_verify_min_kv_throughput_mib_s": {"tcp": 40}}, "0.31.1", "tcp 40"),
+])
+def test_the_version_metrics_url_and_kv_transport_come_from_the_records(tmp_path, extra, version, transport):
     (tmp_path / "hosts.json").write_text(json.dumps(INVENTORY), encoding="utf-8")
     (tmp_path / "play.yml").write_text(PLAYBOOK, encoding="utf-8")
     run = subprocess.run(
@@ -51,7 +62,17 @@ def test_the_version_and_metrics_url_come_from_the_records(tmp_path, extra, vers
         cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=120, check=False)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
-    assert f"RESOLVED {version} http://[::1]:29100/metrics" in output, output
+    assert f"RESOLVED {version} http://[::1]:29100/metrics {transport}" in output, output
+
+
+def test_the_kv_throughput_floors_of_the_proof_and_the_alert_are_the_same():
+    import yaml
+
+    def floors(role, name):
+        return yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text(encoding="utf-8"))[name]
+
+    assert floors("vllm_verify", "vllm_verify_min_kv_throughput_mib_s") == floors(
+        "vllm_monitoring", "vllm_monitoring_kv_throughput_min_mib_s") == {"tcp": 1, "rdma": 100}
 
 
 def test_no_copy_of_another_roles_default_is_left():

@@ -104,6 +104,17 @@ def test_config_maps_roles_to_kv_roles(prefill_host, decode_host):
         assert _seconds(shown) == timeout + 15, (name, shown, timeout)
 
 
+def test_the_sandbox_carries_kv_over_tcp_as_its_inventory_says(prefill_host, decode_host):
+    """vllm_instance_kv_transport: tcp (inventories/sandbox): each config says so in [kv_fabric], and the launcher
+    sets no UCX variable, so UCX picks TCP itself as on the verified handoff (no RDMA in the containers)."""
+    for host, name in ((prefill_host, "prefill-0"), (decode_host, "decode-0")):
+        config = host.file(f"/etc/vllm/{name}.toml").content_string
+        assert '[kv_fabric]\n' in config and '\ntransport = "tcp"\n' in config, config
+        check = host.run(f"{LAUNCH} /etc/vllm/{name}.toml")
+        assert check.rc == 0, check.stderr
+        assert "env: UCX_" not in check.stdout, check.stdout
+
+
 def _seconds(shown: str) -> int:
     """systemd's "1min 15s" (or "75s", "2min") in seconds."""
     minutes = re.search(r"(\d+)min", shown)

@@ -92,6 +92,12 @@ table order, then ``extra.args`` verbatim)::
     cpu.omp_threads_bind              env VLLM_CPU_OMP_THREADS_BIND
     cpu.kvcache_space_gib             env VLLM_CPU_KVCACHE_SPACE (> 0)
     devices.cuda_visible_devices      env CUDA_VISIBLE_DEVICES
+    kv_fabric.transport               how KV travels, "rdma" or "tcp" (VOCAB.KV_TRANSPORTS); sets nothing itself,
+                                      but a kv_fabric.tls that contradicts it is refused (tcp in an rdma list
+                                      would let UCX fall back to TCP silently)
+    kv_fabric.net_devices             env UCX_NET_DEVICES (DEVICE:PORT RDMA ports, network devices by name)
+    kv_fabric.tls                     env UCX_TLS (VOCAB.UCX_TRANSPORTS, comma-separated, "^" excludes)
+    kv_fabric.ib_gid_index            env UCX_IB_GID_INDEX (0..255, RoCE v2 GID index; not with "tcp")
     [environment]                     extra NAME = "value" variables (names [A-Z_][A-Z0-9_]*; may not set
                                       a variable the launcher owns, nor the API key)
     extra.args                        appended to argv; may not pass a flag the launcher generates
@@ -270,6 +276,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "devices": {
         "cuda_visible_devices": Key("str", env="CUDA_VISIBLE_DEVICES"),
+    },
+    "kv_fabric": {
+        "transport": Key("str", choices=VOCAB.KV_TRANSPORTS),
+        "net_devices": Key("str", env="UCX_NET_DEVICES"),
+        "tls": Key("str", env="UCX_TLS"),
+        "ib_gid_index": Key("int", env="UCX_IB_GID_INDEX", minimum=0, maximum=255),
     },
     "environment": {},  # free-form NAME = "value"; checked by _check_environment
     "extra": {
@@ -616,6 +628,58 @@ def _check_environment(table: dict[str, Any]) -> list[str]:
     return problems
 
 
+UCX_DEVICE_RE = re.compile(r"[A-Za-z0-9_.-]+(?::[0-9]+)?")
+
+
+def _ucx_list(value: str) -> tuple[bool, list[str]]:
+    """(excluded, names) of a UCX list setting: "^a,b" excludes a and b."""
+    excluded = value.startswith("^")
+    return excluded, [name.strip() for name in value.lstrip("^").split(",")]
+
+
+def _check_kv_fabric(fabric: Mapping[str, Any]) -> list[str]:
+    """[kv_fabric]: UCX names well formed, and no transport list that contradicts the transport."""
+    problems = []
+    transport = fabric.get("transport")
+    if "tls" in fabric:
+        excluded, names = _ucx_list(fabric["tls"])
+        unknown = [n for n in names if n not in VOCAB.UCX_TRANSPORTS]
+        if unknown:
+            problems.append(
+                f"kv_fabric.tls: {', '.join(map(_toml, unknown))} {'is' if len(unknown) == 1 else 'are'} not a UCX "
+                f"transport; write a comma-separated list of {', '.join(VOCAB.UCX_TRANSPORTS)} "
+                "(ucx_info -d shows the host's)"
+            )
+        rdma = [n for n in names if n in VOCAB.UCX_RDMA_TRANSPORTS]
+        if transport == "rdma" and not excluded and ("tcp" in names or "all" in names):
+            problems.append(
+                f"kv_fabric.tls: {_toml(fabric['tls'])} lets UCX carry KV over TCP when RDMA fails, silently and "
+                "about a hundred times slower; remove tcp/all, or set kv_fabric.transport = \"tcp\" if TCP is meant"
+            )
+        elif transport == "rdma" and not excluded and not rdma:
+            problems.append(
+                f"kv_fabric.tls: {_toml(fabric['tls'])} has no RDMA transport although kv_fabric.transport is "
+                "\"rdma\"; add rc (InfiniBand and RoCE) or dc, or set kv_fabric.transport = \"tcp\""
+            )
+        elif transport == "tcp" and not excluded and rdma:
+            problems.append(
+                f"kv_fabric.tls: {', '.join(rdma)} (RDMA) in the list but kv_fabric.transport is \"tcp\"; "
+                "remove them, or set kv_fabric.transport = \"rdma\""
+            )
+    if "net_devices" in fabric:
+        bad = [n for n in _ucx_list(fabric["net_devices"])[1] if not UCX_DEVICE_RE.fullmatch(n)]
+        if bad:
+            problems.append(
+                f"kv_fabric.net_devices: {', '.join(map(_toml, bad))} is not a UCX device; write RDMA ports as "
+                "DEVICE:PORT (mlx5_0:1) and network devices by name (eth0), comma-separated"
+            )
+    if transport == "tcp" and "ib_gid_index" in fabric:
+        problems.append(
+            "kv_fabric.ib_gid_index: only RoCE uses a GID index, and kv_fabric.transport is \"tcp\"; remove it"
+        )
+    return problems
+
+
 def _check_cross(
     raw: dict[str, dict[str, Any]], good: dict[str, dict[str, Any]], environ: Mapping[str, str] | None
 ) -> list[str]:
@@ -650,6 +714,8 @@ def _check_cross(
                 f"pd_disaggregation.kv_transfer_port: {server_port} is also the HTTP port (server.port); "
                 "use a different port for the NIXL side channel"
             )
+
+    problems.extend(_check_kv_fabric(good.get("kv_fabric", {})))
 
     api_key_env = good.get("server", {}).get("api_key_env")
     if api_key_env is not None:
@@ -765,7 +831,7 @@ def _build_env(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> 
     if api_key_env:
         env[API_KEY_VAR] = (environ or {}).get(api_key_env, "")
     pd = config.get("pd_disaggregation", {})
-    for section in ("pd_disaggregation", "cpu", "devices"):
+    for section in ("pd_disaggregation", "cpu", "devices", "kv_fabric"):
         if section == "pd_disaggregation" and not pd.get("enabled"):
             continue
         table = config.get(section, {})

@@ -626,3 +626,29 @@ def test_redact_data_walks_nested_results():
     out = vm.redact_data(data, [KEY])
     assert KEY not in repr(out)
     assert out["n"] == 3 and out["none"] is None
+
+
+# --------------------------------------------------------------------------- the KV throughput
+
+
+def test_kv_throughput_is_bytes_over_nixl_time():
+    judged = vm.judge_kv_throughput(8847360, 0.071, "tcp", 1)
+    assert judged == {"kv_transport": "tcp", "nixl_throughput_mib_s": 118.838, "throughput_bound_mib_s": 1.0,
+                      "throughput_ok": True, "problems": []}
+
+
+def test_kv_throughput_below_the_rdma_bound_says_tcp_fallback():
+    # The field reports: 1.8 s per transfer instead of 3 ms. 3 MiB in 1.8 s is 1.7 MiB/s.
+    judged = vm.judge_kv_throughput(3 * 1048576, 1.8, "rdma", 1024)
+    assert judged["throughput_ok"] is False and judged["nixl_throughput_mib_s"] == 1.667
+    (problem,) = judged["problems"]
+    assert problem.startswith("NIXL moved the proof's KV at 1.667 MiB/s (3145728 bytes in 1800.0 ms of transfers), "
+                              "below the 1024 MiB/s expected over rdma: that is the speed of TCP")
+
+
+def test_kv_throughput_is_not_judged_without_a_bound_or_without_transfers():
+    assert vm.judge_kv_throughput(983040, 0.02)["throughput_ok"] is None
+    nothing = vm.judge_kv_throughput(0, 0.0, "tcp", 1)
+    assert nothing["nixl_throughput_mib_s"] is None and nothing["throughput_ok"] is None and not nothing["problems"]
+    slow = vm.judge_kv_throughput(1048576, 2.0, "tcp", 1)
+    assert slow["throughput_ok"] is False and "expected over tcp (a crowded CPU" in slow["problems"][0]

@@ -425,6 +425,33 @@ def test_all_healthy_and_handoff_proven(deployment):
         assert auth == (f"Bearer {INSTANCE_KEY}" if path.startswith("/v1/") else None), (method, path)
 
 
+def test_the_proof_names_the_transport_and_judges_the_kv_throughput(deployment):
+    # Each fake transfer moves 983040 bytes in 20 ms: 46.875 MiB/s.
+    result = run_module(deployment.args(kv_transport="tcp", min_kv_throughput_mib_s=1))
+    proof = result["proof"]
+    assert proof["kv_transport"] == "tcp" and proof["nixl_throughput_mib_s"] == 46.875
+    assert proof["throughput_bound_mib_s"] == 1.0
+    assert proof["throughput_ok"] is True and result["problems"] == []
+
+
+def test_kv_at_tcp_speed_on_an_rdma_deployment_fails_the_verification():
+    dep = Deployment()
+    try:
+        result = run_module(dep.args(kv_transport="rdma", min_kv_throughput_mib_s=1024), expect="fail")
+    finally:
+        dep.close()
+    proof = result["proof"]
+    assert proof["handoff_proven"] is True and proof["throughput_ok"] is False
+    assert ("PD proof: NIXL moved the proof's KV at 46.875 MiB/s (2949120 bytes in 60.0 ms of transfers), below the "
+            "1024 MiB/s expected over rdma: that is the speed of TCP") in result["msg"]
+
+
+def test_without_a_bound_the_throughput_is_shown_and_not_judged(deployment):
+    proof = run_module(deployment.args())["proof"]
+    assert proof["kv_transport"] is None and proof["nixl_throughput_mib_s"] == 46.875
+    assert proof["throughput_bound_mib_s"] is None and proof["throughput_ok"] is None
+
+
 def test_check_mode_runs_the_same_checks(deployment):
     result = run_module(deployment.args(_ansible_check_mode=True))
     assert result["changed"] is False
