@@ -153,6 +153,10 @@ def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_and_adds_f
                    lambda: playbook(inventory, "deploy_pd.yml", "-e", f"@{cloud_dir}/fallbacks.yml"))
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
+    # Its proof (verify.yml, the run's last part) names the KV transport the sandbox declares (tcp) and judges the
+    # NIXL throughput against tcp's floor (vllm_verify_min_kv_throughput_mib_s).
+    found = re.search(r"KV transport: tcp, throughput ([0-9.]+) MiB/s, floor ([0-9.]+) MiB/s: OK\.", output)
+    assert found and float(found.group(1)) >= float(found.group(2)) > 0, output[-4000:]
     with open(os.path.join(cloud_dir, FALLBACKS_DEPLOYED), "w") as f:
         f.write(inventory + "\n")
     assert unit_start(prefill_host, "vllm@prefill-0") == prefill_before
