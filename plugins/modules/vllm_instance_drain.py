@@ -128,7 +128,8 @@ def main():
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
             hint = ""
             if getattr(exc, "code", None) in (401, 403):
-                hint = " (the API key was refused)" if module.params["api_key"] else " (it requires the instance key: api_key)"
+                hint = (" (the API key was refused)" if module.params["api_key"]
+                        else " (it requires the instance key: api_key)")
             module.fail_json(msg=f"cannot read {url}: {getattr(exc, 'reason', exc)}{hint}", drained=False,
                              seconds=round(time.monotonic() - started, 1), running=-1)
         quiet = quiet + 1 if running == 0 else 0

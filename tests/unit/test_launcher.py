@@ -1579,7 +1579,8 @@ def test_script_check_mode_end_to_end(write_toml):
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"{PREFIX}: exec: /x/vllm serve m --port 8100 --allowed-media-domains {launch.NO_MEDIA_DOMAIN}\n{PREFIX}: {path}: config OK\n"
+    assert result.stdout == (f"{PREFIX}: exec: /x/vllm serve m --port 8100 "
+                             f"--allowed-media-domains {launch.NO_MEDIA_DOMAIN}\n{PREFIX}: {path}: config OK\n")
 
 
 def test_script_invalid_config_end_to_end(write_toml):
@@ -1716,7 +1717,8 @@ def test_key_middleware_imports_as_vllm_imports_it():
     """vLLM does importlib.import_module(path).getattr(name) with the launcher's PYTHONPATH."""
     env = launch.build(minimal(server={"api_key_env": "VLLM_API_KEY"}), {"VLLM_API_KEY": "k" * 20})[1]
     module, name = KEY_MIDDLEWARE[1].rsplit(".", 1)
-    code = f"import importlib, inspect; c = getattr(importlib.import_module({module!r}), {name!r}); print(inspect.isclass(c))"
+    code = (f"import importlib, inspect; c = getattr(importlib.import_module({module!r}), {name!r}); "
+            "print(inspect.isclass(c))")
     result = subprocess.run([sys.executable, "-c", code], env={"PATH": os.environ.get("PATH", ""), **env},
                             capture_output=True, text=True, check=False, cwd="/")
     assert result.returncode == 0, result.stderr

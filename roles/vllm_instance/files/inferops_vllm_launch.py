@@ -197,7 +197,8 @@ VLLM_DEFAULT_PORT = 8000  # what vLLM listens on when server.port is not set
 # absent or empty. "No domain" is this one name in the list: .invalid never resolves (RFC 6761).
 NO_MEDIA_DOMAIN = "media-urls-disabled.invalid"
 # A host name as vLLM compares it with a URL's host (exact, lower case, no port, no scheme).
-MEDIA_DOMAIN_RE = re.compile(r"(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+MEDIA_DOMAIN_RE = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
 # The instance key on every route but /health (inferops_vllm_auth.py, beside this file, on vLLM's
 # PYTHONPATH): vLLM's own --api-key guards /v1, /v2, /inference and /cohere only.
 AUTH_MIDDLEWARE = "inferops_vllm_auth.InstanceKeyMiddleware"
