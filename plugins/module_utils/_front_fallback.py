@@ -33,7 +33,11 @@ MODEL_RE = re.compile(r"[A-Za-z0-9._:/@+-]{1,200}")
 HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}")
 PATH_RE = re.compile(r"(/[A-Za-z0-9._~-]*)*")
 SIZE_RE = re.compile(r"[0-9]+[kKmMgG]?")
-KNOWN = {"name", "url", "api_key", "models", "connect_timeout", "read_timeout", "ca_file", "allow_plaintext"}
+KNOWN = {"name", "url", "api_key", "models", "connect_timeout", "read_timeout", "ca_file", "allow_plaintext",
+         "requests_per_minute", "max_tokens"}
+# The cost controls of an endpoint (issue #25): its budget of requests per minute and its cap on a request's
+# max_tokens (times n); 0 turns one off. The role's template applies the same defaults.
+BUDGET_DEFAULTS = {"requests_per_minute": 60, "max_tokens": 4096}
 
 
 def size_bytes(value: Any) -> int | None:
@@ -101,6 +105,11 @@ def _endpoint(index: int, fb: Any, served: list[str], names: dict[str, int]) -> 
         if _whole(value) is None or _whole(value) < 1:
             out.append((f"{var}.{field}", f"is {value!r}, not a whole number of seconds of 1 or more.",
                         f"set a number of seconds (default {default})."))
+    for field, default in BUDGET_DEFAULTS.items():
+        value = fb.get(field, default)
+        if _whole(value) is None or _whole(value) < 0:
+            out.append((f"{var}.{field}", f"is {value!r}, not a whole number of 0 or more.",
+                        f"set the endpoint's budget (default {default}; 0 = no limit, the cloud key spent unbounded)."))
     ca_file = fb.get("ca_file", "")
     if ca_file and (not isinstance(ca_file, str) or not re.fullmatch(r"/[A-Za-z0-9._/-]+", ca_file)):
         out.append((f"{var}.ca_file", f"is {ca_file!r}, not an absolute path on the router host.",
