@@ -89,9 +89,8 @@ class H(BaseHTTPRequestHandler):
         if m == "router_text":
             return self._text(400, "Failed to send request to http://10.89.250.12:8200/v1/completions: bad body")
         if m == "vllm_addr":
-            return self._json(400, {"error": {"message": "KV transfer from http://10.89.250.11:8100 (10.89.250.11:5600) "
-                                                        "failed: bad request", "type": "BadRequestError",
-                                              "param": None, "code": 400}})
+            msg = "KV transfer from http://10.89.250.11:8100 (10.89.250.11:5600) failed: bad request"
+            return self._json(400, {"error": {"message": msg, "type": "BadRequestError", "param": None, "code": 400}})
         if m in ("503", "500", "502", "429", "400", "401", "404"):
             code = int(m)
             extra = {"Retry-After": "1"} if code == 429 else None

@@ -5,6 +5,7 @@ only. Prints one line per check and a closing 'N passed, N failed' line; exits 1
 import http.client
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -369,10 +370,11 @@ def main():
         time.sleep(61 - time.time() % 60)
     minute = int(time.time() // 60)
     budget = "/var/lib/nginx/inferops-vllm-budget"
-    with open(f"{budget}/cloud-a.{minute}", "w") as f:
-        f.write("." * 1000)
-    with open(f"{budget}/cloud-b.{minute}", "w") as f:
-        f.write("." * 18)
+    www = pwd.getpwnam("www-data")
+    for name, count in (("cloud-a", 1000), ("cloud-b", 18)):
+        with open(f"{budget}/{name}.{minute}", "w") as f:
+            f.write("." * count)
+        os.chown(f"{budget}/{name}.{minute}", www.pw_uid, www.pw_gid)  # nginx's workers append to it
     na, nb = len(cloud_reqs("a")), len(cloud_reqs("b"))
     got = [post(chat()) for _unused in range(3)]
     check("cloud-a's budget spent -> cloud-b serves (its 19th and 20th requests of the minute)",

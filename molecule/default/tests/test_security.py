@@ -8,12 +8,13 @@ import json
 import os
 import re
 import secrets
+import ssl
 import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
-from conftest import DECODE, PREFILL, ROUTER, instance_auth, secret
+from conftest import DECODE, PREFILL, ROUTER, container_ip, front_ca, instance_auth, secret
 
 # `systemd-analyze security` exposure bounds (0 = locked down, 10 = everything allowed).
 BOUNDS = [
@@ -154,3 +155,48 @@ def test_prometheus_scrapes_the_instances_with_their_key(router_host):
     assert key_file.mode == 0o640 and key_file.user == "root" and key_file.group == "prometheus"
     config = router_host.file("/etc/prometheus/inferops-vllm/prometheus.yml").content_string
     assert "credentials_file" in config and secret("instance_api_key") not in config
+
+
+# --------------------------------------------------------------------------- no instance address to clients (#25)
+
+
+def test_no_instance_address_in_any_answer_of_the_front(front_url):
+    """Every body and header the front answers in a run of ordinary and failing requests: none holds an
+    instance's address or vllm-router's id format (cmpl-___prefill_addr_<ip:port>...)."""
+    ca = front_ca()
+    ctx = ssl.create_default_context(cafile=ca) if ca else None
+    key = {"Authorization": f"Bearer {secret('client_api_key')}"}
+    model = "smollm2-135m-instruct"
+    calls = [
+        ("POST", "/v1/completions", {"model": model, "prompt": "The capital of France is", "max_tokens": 4}),
+        ("POST", "/v1/completions", {"model": model, "prompt": "Count: one, two,", "max_tokens": 4, "stream": True}),
+        ("POST", "/v1/chat/completions", {"model": model, "max_tokens": 4,
+                                          "messages": [{"role": "user", "content": "Say hi."}]}),
+        ("POST", "/v1/chat/completions", {"model": model, "max_tokens": 4, "stream": True,
+                                          "messages": [{"role": "user", "content": "Say hi."}]}),
+        ("GET", "/v1/models", None),
+        ("POST", "/tokenize", {"model": model, "prompt": "Paris"}),
+        ("POST", "/v1/completions", {"model": "no-such-model", "prompt": "x", "max_tokens": 1}),
+        ("POST", "/v1/completions", {"model": model, "prompt": "x", "max_tokens": -1}),
+        ("POST", "/v1/completions", b"not json"),
+        ("GET", "/health", None),
+        ("GET", "/workers", None),
+    ]
+    seen, ids = [], []
+    for method, path, body in calls:
+        data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(f"{front_url}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json", **key})
+        try:
+            with urllib.request.urlopen(req, timeout=180, context=ctx) as resp:
+                status, headers, raw = resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            status, headers, raw = exc.code, dict(exc.headers), exc.read()
+        seen.append(f"{method} {path} -> {status} {json.dumps(headers)}\n".encode() + raw)
+        ids += re.findall(rb'"id"\s*:\s*"((?:chat)?cmpl-[^"]*)"', raw)
+    text = b"\n".join(seen)
+    for name in (PREFILL, DECODE):
+        address = container_ip(name).encode()
+        assert address not in text, f"{name}'s address {address!r} in an answer of the front:\n" + text.decode()[:3000]
+    assert b"_addr_" not in text
+    assert ids and all(re.fullmatch(rb"(?:chat)?cmpl-[0-9a-f]{32}", i) for i in ids), ids
