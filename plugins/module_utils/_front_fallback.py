@@ -51,8 +51,8 @@ def size_bytes(value: Any) -> int | None:
 
 
 def loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
+    """A loopback IP literal. A name, localhost included, is not: nginx resolves an endpoint's name through DNS
+    at each request (its resolver), and an answer other than loopback would send clear text off the host."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -144,7 +144,13 @@ def _url(var: str, fb: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     if port == 0:
         out.append((f"{var}.url", f"{url!r} has port 0.", fix))
     if parts.scheme == "http" and not loopback(host) and fb.get("allow_plaintext") is not True:
-        out.append((f"{var}.url", f"is plain HTTP to {host}, beyond this host: prompts, answers and the endpoint's "
+        try:
+            ipaddress.ip_address(host)
+            where = f"{host}, beyond this host"
+        except ValueError:
+            where = (f"{host}, a name nginx resolves through DNS at each request (only a loopback IP address is sure "
+                     "to stay on this host)")
+        out.append((f"{var}.url", f"is plain HTTP to {where}: prompts, answers and the endpoint's "
                     "key would cross the network in clear text.",
                     "use https://, or set allow_plaintext: true on this endpoint to accept clear text on purpose."))
     return out

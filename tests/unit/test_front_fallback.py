@@ -70,6 +70,9 @@ def runs(tmp_path_factory):
             _endpoint(name="nomap", models={"other-model": "gpt-4o-mini"}),
             _endpoint(name="loop", url="http://127.0.0.1:9000/v1"),
             _endpoint(name="allowed", url="http://10.1.2.3/v1", allow_plaintext=True),
+            # Issue #25: the loopback exemption holds for IP literals only (a name goes through DNS).
+            _endpoint(name="localname", url="http://localhost:9000/v1"),
+            _endpoint(name="loop6", url="http://[::1]:9000/v1"),
         ]}),
         "pd_undefined": lambda: _preflight({"vllm_router_front_fallbacks": [
             _endpoint(api_key="{{ vault_openai_api_key_not_loaded }}")]}),
@@ -239,12 +242,17 @@ def test_the_pd_preflight_refuses_bad_fallbacks_before_any_change(runs):
     assert lines == [
         "[fallbacks] router-1: vllm_router_front_fallbacks[0].api_key: is missing: the endpoint would be called "
         "without a key. Fix: set api_key to the endpoint's key, from a vaulted variable such as vault_openai_api_key.",
-        "[fallbacks] router-1: vllm_router_front_fallbacks[1].url: is plain HTTP to cloud.example.com, beyond this "
-        "host: prompts, answers and the endpoint's key would cross the network in clear text. Fix: use https://, or "
+        "[fallbacks] router-1: vllm_router_front_fallbacks[1].url: is plain HTTP to cloud.example.com, a name nginx "
+        "resolves through DNS at each request (only a loopback IP address is sure to stay on this host): prompts, "
+        "answers and the endpoint's key would cross the network in clear text. Fix: use https://, or "
         "set allow_plaintext: true on this endpoint to accept clear text on purpose.",
         "[fallbacks] router-1: vllm_router_front_fallbacks[2].models: does not map the served model name "
         "smollm2-135m-instruct: a request for it would reach the endpoint under our name. Fix: add each served "
         "model name with the endpoint's model for it.",
+        "[fallbacks] router-1: vllm_router_front_fallbacks[5].url: is plain HTTP to localhost, a name nginx "
+        "resolves through DNS at each request (only a loopback IP address is sure to stay on this host): prompts, "
+        "answers and the endpoint's key would cross the network in clear text. Fix: use https://, or "
+        "set allow_plaintext: true on this endpoint to accept clear text on purpose.",
     ], output
     assert "sk-test-fallback-key-0001" not in output
 
