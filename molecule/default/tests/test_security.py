@@ -200,3 +200,14 @@ def test_no_instance_address_in_any_answer_of_the_front(front_url):
         assert address not in text, f"{name}'s address {address!r} in an answer of the front:\n" + text.decode()[:3000]
     assert b"_addr_" not in text
     assert ids and all(re.fullmatch(rb"(?:chat)?cmpl-[0-9a-f]{32}", i) for i in ids), ids
+
+
+@pytest.mark.parametrize("which", ["prefill_host", "decode_host"])
+def test_model_files_are_readable_by_the_vllm_group_only(request, which):
+    host = request.getfixturevalue(which)
+    models = host.file("/var/lib/vllm/models")
+    assert models.user == "root" and models.group == "vllm" and models.mode == 0o750
+    denied = host.run("runuser -u nobody -- sh -c 'ls /var/lib/vllm/models; cat /var/lib/vllm/models/*/config.json'")
+    assert denied.rc != 0 and "Permission denied" in denied.stderr, denied.stdout[:200]
+    readable = host.run("runuser -u vllm -- sh -c 'cat /var/lib/vllm/models/*/config.json' >/dev/null")
+    assert readable.rc == 0, readable.stderr
