@@ -33,7 +33,11 @@ MODEL_RE = re.compile(r"[A-Za-z0-9._:/@+-]{1,200}")
 HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}")
 PATH_RE = re.compile(r"(/[A-Za-z0-9._~-]*)*")
 SIZE_RE = re.compile(r"[0-9]+[kKmMgG]?")
-KNOWN = {"name", "url", "api_key", "models", "connect_timeout", "read_timeout", "ca_file", "allow_plaintext"}
+KNOWN = {"name", "url", "api_key", "models", "connect_timeout", "read_timeout", "ca_file", "allow_plaintext",
+         "requests_per_minute", "max_tokens"}
+# The cost controls of an endpoint (issue #25): its budget of requests per minute and its cap on a request's
+# max_tokens (times n); 0 turns one off. The role's template applies the same defaults.
+BUDGET_DEFAULTS = {"requests_per_minute": 60, "max_tokens": 4096}
 
 
 def size_bytes(value: Any) -> int | None:
@@ -47,8 +51,8 @@ def size_bytes(value: Any) -> int | None:
 
 
 def loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
+    """A loopback IP literal. A name, localhost included, is not: nginx resolves an endpoint's name through DNS
+    at each request (its resolver), and an answer other than loopback would send clear text off the host."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -101,6 +105,11 @@ def _endpoint(index: int, fb: Any, served: list[str], names: dict[str, int]) -> 
         if _whole(value) is None or _whole(value) < 1:
             out.append((f"{var}.{field}", f"is {value!r}, not a whole number of seconds of 1 or more.",
                         f"set a number of seconds (default {default})."))
+    for field, default in BUDGET_DEFAULTS.items():
+        value = fb.get(field, default)
+        if _whole(value) is None or _whole(value) < 0:
+            out.append((f"{var}.{field}", f"is {value!r}, not a whole number of 0 or more.",
+                        f"set the endpoint's budget (default {default}; 0 = no limit, the cloud key spent unbounded)."))
     ca_file = fb.get("ca_file", "")
     if ca_file and (not isinstance(ca_file, str) or not re.fullmatch(r"/[A-Za-z0-9._/-]+", ca_file)):
         out.append((f"{var}.ca_file", f"is {ca_file!r}, not an absolute path on the router host.",
@@ -135,7 +144,13 @@ def _url(var: str, fb: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     if port == 0:
         out.append((f"{var}.url", f"{url!r} has port 0.", fix))
     if parts.scheme == "http" and not loopback(host) and fb.get("allow_plaintext") is not True:
-        out.append((f"{var}.url", f"is plain HTTP to {host}, beyond this host: prompts, answers and the endpoint's "
+        try:
+            ipaddress.ip_address(host)
+            where = f"{host}, beyond this host"
+        except ValueError:
+            where = (f"{host}, a name nginx resolves through DNS at each request (only a loopback IP address is sure "
+                     "to stay on this host)")
+        out.append((f"{var}.url", f"is plain HTTP to {where}: prompts, answers and the endpoint's "
                     "key would cross the network in clear text.",
                     "use https://, or set allow_plaintext: true on this endpoint to accept clear text on purpose."))
     return out

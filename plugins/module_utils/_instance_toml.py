@@ -32,6 +32,7 @@ TOML_SOURCES = {
     "server.served_model_name": "vllm_instance_served_model_name",
     "server.api_key_env": "vllm_instance_api_key",
     "server.shutdown_timeout": "setting:shutdown_timeout",
+    "server.allowed_media_domains": "vllm_instance_allowed_media_domains",
     "model": "vllm_instance_model",
     "model.name": "vllm_instance_model",
     "model.revision": "vllm_instance_model_revision",
@@ -60,7 +61,8 @@ SETTING_SECTIONS = ("model", "kv_cache", "scheduler")
 # The role's defaults (roles/vllm_instance/defaults/main.yml) of what the TOML needs beyond the
 # published settings; hostvars hold a variable only when the inventory sets it.
 INSTANCE_DEFAULTS = {"vllm_instance_bind_host": "0.0.0.0", "vllm_instance_models_dir": "/var/lib/vllm/models",
-                     "vllm_instance_environment": {}, "vllm_instance_extra_args": []}
+                     "vllm_instance_environment": {}, "vllm_instance_extra_args": [],
+                     "vllm_instance_allowed_media_domains": []}
 
 Variables = Mapping[str, Any]
 
@@ -142,6 +144,9 @@ def _server(inst: Instance, variables: Variables | None) -> dict[str, Any]:
     if pub.get("api_key_set") is True or text(pub.get("api_key_set")).lower() == "true":
         server["api_key_env"] = "VLLM_API_KEY"
     server["shutdown_timeout"] = jinja_int(inst.setting("shutdown_timeout"))
+    domains = role_var(variables, "vllm_instance_allowed_media_domains")
+    # The template's `map('string') | list`; anything but a list goes as it is (the launcher says what is wrong).
+    server["allowed_media_domains"] = [text(d) for d in domains] if isinstance(domains, (list, tuple)) else domains
     return server
 
 

@@ -149,7 +149,8 @@ import html.parser  # noqa: E402 (imports follow the documentation, as Ansible m
 import os  # noqa: E402
 import re  # noqa: E402
 import tempfile  # noqa: E402
-from urllib.parse import unquote, urlsplit  # noqa: E402
+from urllib.error import HTTPError  # noqa: E402
+from urllib.parse import unquote, urljoin, urlsplit  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
@@ -268,17 +269,40 @@ def python_allowed(requires, python):
     return True
 
 
-def ask(url, username, password, ca_path, timeout):
-    """(status, body, error) of a GET of an index page: status 0 when no HTTP answer came."""
-    kwargs = {}
-    if username or password:
-        kwargs.update(url_username=username, url_password=password, force_basic_auth=True)
-    if ca_path:
-        kwargs["ca_path"] = ca_path
+def _origin(url):
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(
+        parts.scheme.lower())
+
+
+def ask(url, username, password, ca_path, timeout, max_redirects=5):
+    """(status, body, error) of a GET of an index page: status 0 when no HTTP answer came.
+
+    Redirects are followed here, not by urllib: the credentials go only to the index's own origin (scheme,
+    host and port), never across a redirect to another host (issue #25); an https page redirected to http
+    is refused."""
+    start = url
     try:
-        response = open_url(url, method="GET", timeout=timeout, validate_certs=True, follow_redirects="safe",
-                            headers={"Accept": "text/html"}, http_agent="inferops.vllm pip_index_info", **kwargs)
-        return response.getcode(), response.read().decode("utf-8", "replace"), ""
+        for _hop in range(max_redirects + 1):
+            kwargs = {}
+            if (username or password) and _origin(url) == _origin(start):
+                kwargs.update(url_username=username, url_password=password, force_basic_auth=True)
+            if ca_path:
+                kwargs["ca_path"] = ca_path
+            try:
+                response = open_url(url, method="GET", timeout=timeout, validate_certs=True, follow_redirects="none",
+                                    headers={"Accept": "text/html"}, http_agent="inferops.vllm pip_index_info",
+                                    **kwargs)
+                return response.getcode(), response.read().decode("utf-8", "replace"), ""
+            except HTTPError as exc:
+                location = exc.headers.get("Location") if exc.headers else None
+                if exc.code not in (301, 302, 303, 307, 308) or not location:
+                    raise
+                target = urljoin(url, location)
+                if urlsplit(url).scheme == "https" and urlsplit(target).scheme != "https":
+                    return 0, "", f"redirected from HTTPS to {urlsplit(target).scheme}: {target} (not followed)"
+                url = target
+        return 0, "", f"more than {max_redirects} redirects"
     except Exception as exc:  # noqa: BLE001 - every failure becomes an answer in the report
         code = getattr(exc, "code", None)
         if isinstance(code, int):

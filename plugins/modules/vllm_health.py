@@ -115,15 +115,16 @@ options:
     type: str
   api_key:
     description:
-      - "API key sent as C(Authorization: Bearer <key>) to the instances' C(/v1/*) endpoints and to every request
-        to O(router_url)."
-      - Never sent to C(/health), C(/version), C(/metrics) of the instances or to O(router_metrics_url).
+      - "API key sent as C(Authorization: Bearer <key>) to every request to O(router_url), and to the instances
+        when O(instance_api_key) is unset."
+      - Never sent to C(/health) of the instances or to O(router_metrics_url).
       - It never appears in results or messages. An empty string means no key.
     type: str
   instance_api_key:
     description:
-      - API key for the instances' C(/v1/*) endpoints (their C(VLLM_API_KEY)) when it differs from the key
-        clients send to the router. Defaults to O(api_key) when unset or empty.
+      - API key for the instances (their C(VLLM_API_KEY)), sent to their C(/v1/*), C(/version) and C(/metrics)
+        (the vllm_instance role's instances require it on every route but C(/health)), when it differs from the
+        key clients send to the router. Defaults to O(api_key) when unset or empty.
       - It never appears in results or messages.
     type: str
   model:
@@ -725,9 +726,9 @@ class VllmHealth:
         except ValueError:
             return None, f"GET {url} did not return JSON: {snippet(result.body, self.secrets)}"
 
-    def get_metrics(self, url):
+    def get_metrics(self, url, key=None):
         """(summary, error) of a vLLM /metrics page."""
-        result = self.request(url)
+        result = self.request(url, key=key)
         if not result.ok:
             return None, result.error
         try:
@@ -826,7 +827,7 @@ class VllmHealth:
             self.problem(f"{where}: {health_error}")
             return out
 
-        data, error = self.get_json(f"{url}/version")
+        data, error = self.get_json(f"{url}/version", key=self.instance_key)
         if error:
             self.problem(f"{where}: {error}")
         else:
@@ -837,7 +838,7 @@ class VllmHealth:
 
         out["models"] = self.check_models(where, f"{url}/v1/models", self.instance_key)
 
-        summary, error = self.get_metrics(f"{url}/metrics")
+        summary, error = self.get_metrics(f"{url}/metrics", key=self.instance_key)
         if error:
             self.problem(f"{where}: {error}")
         else:
@@ -893,7 +894,7 @@ class VllmHealth:
         """{name: metrics} of the PD instances, or None (with problems recorded) if one cannot be read."""
         metrics = {}
         for inst in instances:
-            summary, error = self.get_metrics(f"{inst['url']}/metrics")
+            summary, error = self.get_metrics(f"{inst['url']}/metrics", key=self.instance_key)
             if error:
                 self.problem(f"PD proof: instance {inst['name']} ({inst['url']}): {error}")
                 return None

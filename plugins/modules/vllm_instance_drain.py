@@ -48,6 +48,13 @@ options:
       - Reads in a row (one a second) that must show no running and no waiting request.
     type: int
     default: 2
+  api_key:
+    description:
+      - "The instance's key (its C(VLLM_API_KEY)), sent as C(Authorization: Bearer <key>) to its C(/metrics): the
+        vllm_instance role's instances require it on every route but C(/health). Empty sends none."
+      - It never appears in results or messages.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -85,10 +92,11 @@ import urllib.request  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 
-def busy(url):
+def busy(url, key=""):
     """Running plus waiting requests, summed over engines, from a /metrics page."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=5) as resp:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    with opener.open(request, timeout=5) as resp:
         text = resp.read().decode("utf-8", "replace")
     gauges = re.compile(r"^vllm:num_requests_(running|waiting)(\{[^}]*\})?\s+(\S+)", re.MULTILINE)
     values = gauges.findall(text)
@@ -104,6 +112,7 @@ def main():
             host=dict(type="str", default="127.0.0.1"),
             timeout=dict(type="int", default=60),
             quiet=dict(type="int", default=2),
+            api_key=dict(type="str", default="", no_log=True),
         ),
         supports_check_mode=True,
     )
@@ -115,9 +124,13 @@ def main():
     running = None
     while True:
         try:
-            running = busy(url)
+            running = busy(url, module.params["api_key"])
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
-            module.fail_json(msg=f"cannot read {url}: {getattr(exc, 'reason', exc)}", drained=False,
+            hint = ""
+            if getattr(exc, "code", None) in (401, 403):
+                hint = (" (the API key was refused)" if module.params["api_key"]
+                        else " (it requires the instance key: api_key)")
+            module.fail_json(msg=f"cannot read {url}: {getattr(exc, 'reason', exc)}{hint}", drained=False,
                              seconds=round(time.monotonic() - started, 1), running=-1)
         quiet = quiet + 1 if running == 0 else 0
         elapsed = time.monotonic() - started

@@ -49,6 +49,11 @@ options:
     description:
       - "A client key of the front, sent as C(Authorization: Bearer <key>) to O(url) only, never to the instances."
     type: str
+  instance_api_key:
+    description:
+      - The instances' key (their C(VLLM_API_KEY)), sent to their C(/metrics) only. The instances of the
+        vllm_instance role require it on every route but C(/health). Empty or unset sends none.
+    type: str
   model:
     description:
       - The served model name.
@@ -264,6 +269,7 @@ def argument_spec():
     return dict(
         url=dict(type="str", required=True),
         api_key=dict(type="str", no_log=True),
+        instance_api_key=dict(type="str", no_log=True),
         model=dict(type="str", required=True),
         instances=dict(type="list", elements="dict", required=True, options=instance),
         prompt_tokens=dict(type="int", default=1024, no_log=False),
@@ -312,7 +318,8 @@ class PrefixCacheCheck:
         self.params = module.params
         self.url = module.params["url"].rstrip("/")
         self.key = module.params["api_key"] or None
-        self.secrets = [self.key] if self.key else []
+        self.instance_key = module.params["instance_api_key"] or None
+        self.secrets = [k for k in (self.key, self.instance_key) if k]
         self.timeout = module.params["request_timeout"]
         self.instances = [dict(name=i["name"], url=i["url"].rstrip("/"), role=i["role"])
                           for i in module.params["instances"]]
@@ -353,7 +360,9 @@ class PrefixCacheCheck:
             reason = snippet(info.get("msg") or "request failed", self.secrets)
             return None, (f"{'POST' if body is not None else 'GET'} {url} failed: {reason} "
                           f"(request_timeout={self.timeout}s)")
-        hint = " (the front refused the API key)" if status in (401, 403) else ""
+        hint = ""
+        if status in (401, 403):
+            hint = " (it refused the API key)" if key else " (it requires an API key and none was sent)"
         text = snippet(info.get("body") or "", self.secrets)
         return None, f"{'POST' if body is not None else 'GET'} {url} returned HTTP {status}{hint}" + (
             f": {text}" if text else "")
@@ -374,7 +383,7 @@ class PrefixCacheCheck:
         out = {}
         for inst in self.instances:
             url = f"{inst['url']}/metrics"
-            resp, error = self._open(url, timeout=min(self.timeout, 30))
+            resp, error = self._open(url, key=self.instance_key, timeout=min(self.timeout, 30))
             if error:
                 self.fail(f"instance {inst['name']}: {error}. The prefix-cache check reads every instance's /metrics: "
                           "run it where they are reachable (the router host; see roles/vllm_firewall).")

@@ -41,6 +41,9 @@ class H(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Set-Cookie", "__cf_bm=tracking; path=/")
         self.send_header("openai-organization", "org-secret-tenant")
+        self.send_header("openai-version", "2020-10-01")
+        self.send_header("x-ratelimit-remaining-requests", "9999")
+        self.send_header("x-request-id", "req_cloud_123")
         self.end_headers()
         self.wfile.write(body)
 
@@ -59,7 +62,8 @@ class H(BaseHTTPRequestHandler):
                                 "host": self.headers.get("Host"),
                                 "x_forwarded_for": self.headers.get("X-Forwarded-For"),
                                 "headers": sorted(self.headers.keys()),
-                                "messages_len": len(json.dumps((req or {}).get("messages", "")))}) + "\n")
+                                "messages_len": len(json.dumps((req or {}).get("messages", ""))),
+                                "max_tokens": (req or {}).get("max_tokens"), "n": (req or {}).get("n")}) + "\n")
         if req is None:
             return self._json(400, {"error": {"message": "body is not JSON"}})
         if auth != f"Bearer {KEY}" or m == "401":
@@ -74,6 +78,7 @@ class H(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Set-Cookie", "__cf_bm=tracking; path=/")
+            self.send_header("x-ratelimit-remaining-tokens", "123456")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
 

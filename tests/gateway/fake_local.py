@@ -8,6 +8,10 @@ switched by the mode file (default /tmp/gw/local_mode), read on every request:
   400 401 404  client errors (must reach the client unchanged, no fallback)
   slow         sleeps SLOW_SECS (default 5) before the status line
   stream_die   200 + SSE headers, two chunks, then the connection is dropped (no [DONE])
+  router_text  vllm-router's own errors: 400 in plain text naming a worker's URL (POST), 503 in plain
+               text on GET /v1/models
+  vllm_addr    400 in vLLM's JSON error shape whose message names an instance's URL and address
+Completion ids are vllm-router's: they carry the instances' addresses (ID below); the front must hide them.
 Every request is appended to /tmp/gw/local_requests.log (path, model) for the tests.
 Connection refused is tested by stopping this process.
 """
@@ -22,6 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 MODE_FILE = os.environ.get("MODE_FILE", "/tmp/gw/local_mode")
 LOG = os.environ.get("REQ_LOG", "/tmp/gw/local_requests.log")
 SLOW_SECS = float(os.environ.get("SLOW_SECS", "5"))
+# vllm-router's completion ids, with the instances' addresses in them (issue #25).
+ID = "cmpl-___prefill_addr_10.89.250.11:8100___decode_addr_10.89.250.12:8200_5f0c2a9e8d7b4c1aa3e6f9b2d4c8e7a1"
 
 
 def mode():
@@ -49,8 +55,18 @@ class H(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _text(self, status, text):
+        body = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_GET(self):
-        if self.path == "/health":
+        if self.path == "/v1/models" and mode() == "router_text":
+            self._text(503, "No available workers: 1 prefill (http://10.89.250.11:8100), 0 decode")
+        elif self.path == "/health":
             m = mode()
             if m in ("ok", "slow", "stream_die", "400", "401", "404", "429"):
                 self._json(200, {"status": "ok"})
@@ -70,6 +86,11 @@ class H(BaseHTTPRequestHandler):
         with open(LOG, "a") as f:
             f.write(json.dumps({"path": self.path, "model": req.get("model"), "mode": m,
                                 "auth": self.headers.get("Authorization")}) + "\n")
+        if m == "router_text":
+            return self._text(400, "Failed to send request to http://10.89.250.12:8200/v1/completions: bad body")
+        if m == "vllm_addr":
+            msg = "KV transfer from http://10.89.250.11:8100 (10.89.250.11:5600) failed: bad request"
+            return self._json(400, {"error": {"message": msg, "type": "BadRequestError", "param": None, "code": 400}})
         if m in ("503", "500", "502", "429", "400", "401", "404"):
             code = int(m)
             extra = {"Retry-After": "1"} if code == 429 else None
@@ -91,7 +112,7 @@ class H(BaseHTTPRequestHandler):
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                     self.connection.close()
                     return
-                chunk = {"id": "cmpl-local", "object": "chat.completion.chunk", "model": model,
+                chunk = {"id": ID, "object": "chat.completion.chunk", "model": model,
                          "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
@@ -100,7 +121,7 @@ class H(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
-        self._json(200, {"id": "cmpl-local", "object": "chat.completion", "model": model,
+        self._json(200, {"id": ID, "object": "chat.completion", "model": model,
                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "local says hello"},
                                       "finish_reason": "stop"}],
                          "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})

@@ -25,6 +25,9 @@ install -m 0600 "$r/inferops-vllm-keys.map" "$r/inferops-vllm-proxy.conf" /etc/n
 install -m 0644 "$r/inferops-vllm-fallback-proxy.conf" /etc/nginx/
 install -m 0644 "$r/inferops-vllm-fallback.js" /etc/nginx/njs/
 for f in "$r"/inferops-vllm-fallback-[0-9]*.conf; do install -m 0600 -o root -g root "$f" /etc/nginx/; done
+# The endpoints' per-minute request counts (the role's budget directory: nginx's workers write it).
+rm -rf /var/lib/nginx/inferops-vllm-budget
+install -d -m 0700 -o www-data -g www-data /var/lib/nginx/inferops-vllm-budget
 # DNS for the endpoints' name (the rendered `resolver 127.0.0.1:5353`).
 if [ -f /tmp/gw/dnsmasq.pid ]; then kill "$(cat /tmp/gw/dnsmasq.pid)" 2>/dev/null || true; fi
 sleep 0.2

@@ -5,6 +5,7 @@ only. Prints one line per check and a closing 'N passed, N failed' line; exits 1
 import http.client
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -129,6 +130,39 @@ def main():
     check("local ok stream: served by local, every chunk's model the client's",
           s == 200 and h.get("x-inferops-served-by") == "local" and set(sse_models(b)) == {MODEL} and c)
 
+    # 1b. No internal address to clients (issue #25): vllm-router's completion ids carry the instances'
+    # addresses; the front makes them opaque, the same id in every SSE event.
+    s, h, b, _unused = post(chat())
+    jid = json.loads(b)["id"]
+    check("local JSON: completion id opaque (prefix kept, 32 hex digits), no address",
+          re.fullmatch(r"cmpl-[0-9a-f]{32}", jid) is not None and b"10.89.250." not in b and b"_addr_" not in b, jid)
+    s, h, b, c = post(chat(stream=True))
+    ids = [json.loads(ln[6:])["id"] for ln in b.decode().split("\n") if ln.startswith("data: {")]
+    check("local SSE: every event's id opaque and the same, no address in the stream",
+          len(ids) == 4 and len(set(ids)) == 1 and re.fullmatch(r"cmpl-[0-9a-f]{32}", ids[0]) is not None
+          and b"10.89.250." not in b and c, str(ids[:2]))
+    check("the same vllm-router id gives the same opaque id in JSON and SSE (a function of the id)", ids[0] == jid)
+    mode("local", "router_text")
+    s, h, b, _unused = post(chat())
+    check("vllm-router's own error text (naming a worker URL) -> a fixed JSON error, same status, no URL",
+          s == 400 and h.get("content-type", "").startswith("application/json") and b"10.89.250." not in b
+          and b"http://" not in b and json.loads(b)["error"]["code"] == "invalid_request", f"{s} {b[:120]!r}")
+    req = urllib.request.Request(FRONT + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            s, b = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        s, b = e.code, e.read()
+    SEEN.append(b)
+    check("GET /v1/models, vllm-router's 503 text naming workers -> fixed JSON 503 unavailable",
+          s == 503 and json.loads(b)["error"]["code"] == "unavailable" and b"10.89.250." not in b, f"{s} {b[:120]!r}")
+    mode("local", "vllm_addr")
+    s, h, b, _unused = post(chat())
+    msg = json.loads(b)["error"]["message"] if s == 400 else ""
+    check("vLLM's own 400 (JSON) keeps its message, URLs and addresses blanked",
+          s == 400 and "bad request" in msg and "10.89.250." not in msg and "<upstream>" in msg, msg)
+    mode("local", "ok")
+
     # 2. Fallback on 503 (no healthy decode), JSON and SSE.
     mode("local", "503")
     na = len(cloud_reqs("a"))
@@ -146,8 +180,10 @@ def main():
           len(cr) == 1 and cr[0]["model"] == "gpt-cloud-mini" and cr[0]["key_ok"] and cr[0]["body_len_ok"]
           and set(cr[0]["headers"]) <= {"Accept", "Authorization", "Content-Length", "Content-Type", "Host"}
           and cr[0]["x_forwarded_for"] is None, json.dumps(cr[-1:]))
-    check("fallback answer: the cloud's Set-Cookie and openai-organization are not passed on",
-          "set-cookie" not in h and "openai-organization" not in h)
+    check("fallback answer: the cloud's headers pass by an allow-list (no Set-Cookie, openai-*, x-ratelimit-*, "
+          "x-request-id), Content-Type kept",
+          not [k for k in h if k.startswith(("set-cookie", "openai-", "x-ratelimit", "x-request-id"))]
+          and h.get("content-type", "").startswith("application/json"), str(sorted(h)))
     s, h, b, c = post(chat(stream=True))
     models = sse_models(b)
     check("local 503 -> fallback (SSE): 200, served by fallback, complete stream",
@@ -226,6 +262,7 @@ def main():
     mode("local", "ok")
     time.sleep(2.5)  # the bucket refills
     before, _unused = metrics()
+    na = len(cloud_reqs("a"))
     sts, by = [], []
     for _unused in range(70):
         s, h, b, _unused = post(chat())
@@ -233,10 +270,12 @@ def main():
         by.append(h.get("x-inferops-served-by"))
     after, _unused = metrics()
     d = mdelta(before, after)
-    check("burst of 70 over the key's limit: every request 200, the excess served by the fallback",
-          all(x == 200 for x in sts) and by.count("fallback") > 0
-          and d.get(("cloud-a", "limited"), 0) == by.count("fallback"),
-          f"local={by.count('local')} fallback={by.count('fallback')} counter+={d}")
+    # vllm_router_front_fallback_on_rate_limit: false (the default since issue #25): the key's limits hold on
+    # the fallback path too; its excess gets our 429, not the cloud.
+    check("burst of 70 over the key's limit: the excess gets our 429 (Retry-After), none goes to a cloud",
+          sts.count(429) > 0 and sts.count(200) + sts.count(429) == 70 and by.count("fallback") == 0
+          and len(cloud_reqs("a")) == na and d.get(("cloud-a", "limited"), 0) == 0,
+          f"200={sts.count(200)} 429={sts.count(429)} fallback={by.count('fallback')} counter+={d}")
 
     # 9. Chain: first fallback down too -> second one (its own path, key, model name).
     time.sleep(2.5)
@@ -305,6 +344,50 @@ def main():
     time.sleep(1)
     mode("local", "ok")
 
+    # 13. Cost controls (issue #25): only mapped models, no query string, the max_tokens cap, the budget.
+    mode("local", "503")
+    na = len(cloud_reqs("a"))
+    s, h, b, _unused = post(chat(model="gpt-4-unknown"))
+    j = json.loads(b) if s == 404 else {}
+    check("a model the endpoint does not map (not served here): vLLM's 404 shape, nothing sent to a cloud",
+          s == 404 and j.get("error", {}).get("code") == 404 and j["error"].get("type") == "NotFoundError"
+          and "gpt-4-unknown" in j["error"].get("message", "") and len(cloud_reqs("a")) == na, f"{s} {b[:120]!r}")
+    s, h, b, _unused = post(chat(), path="/v1/chat/completions?api-version=2024-01-01&user=x")
+    cr = cloud_reqs("a")[na:]
+    check("the client's query string is dropped on the way to the cloud",
+          s == 200 and len(cr) == 1 and cr[0]["path"] == "/v1/chat/completions", json.dumps(cr[-1:]))
+    body = chat()
+    body.update(max_tokens=1000, n=2)
+    post(body)
+    post(chat())
+    cr = cloud_reqs("a")[na + 1:]
+    check("max_tokens cap (100 for cloud-a): 1000 x n=2 -> 50 each; absent -> 100",
+          len(cr) == 2 and (cr[0]["max_tokens"], cr[0]["n"]) == (50, 2) and cr[1]["max_tokens"] == 100,
+          json.dumps([(x["max_tokens"], x["n"]) for x in cr]))
+    # The budget: cloud-a 1000 requests a minute, cloud-b 20 (vars.json), counted in one file per endpoint and
+    # minute. The files are filled up to just below the budget (the counting itself is what is tested).
+    if time.time() % 60 > 45:
+        time.sleep(61 - time.time() % 60)
+    minute = int(time.time() // 60)
+    budget = "/var/lib/nginx/inferops-vllm-budget"
+    www = pwd.getpwnam("www-data")
+    for name, count in (("cloud-a", 1000), ("cloud-b", 18)):
+        with open(f"{budget}/{name}.{minute}", "w") as f:
+            f.write("." * count)
+        os.chown(f"{budget}/{name}.{minute}", www.pw_uid, www.pw_gid)  # nginx's workers append to it
+    na, nb = len(cloud_reqs("a")), len(cloud_reqs("b"))
+    got = [post(chat()) for _unused in range(3)]
+    check("cloud-a's budget spent -> cloud-b serves (its 19th and 20th requests of the minute)",
+          [g[0] for g in got[:2]] == [200, 200] and len(cloud_reqs("a")) == na and len(cloud_reqs("b")) == nb + 2,
+          str([g[0] for g in got]))
+    s, h, b = got[2][0], got[2][1], got[2][2]
+    check("every endpoint's budget spent -> our 429 fallback_budget_exhausted with Retry-After, no cloud request",
+          s == 429 and b"fallback_budget_exhausted" in b and h.get("retry-after") == "60"
+          and len(cloud_reqs("b")) == nb + 2, f"{s} {b[:100]!r} {h.get('retry-after')}")
+    for name in ("cloud-a", "cloud-b"):
+        os.unlink(f"{budget}/{name}.{minute}")
+    mode("local", "ok")
+
     # 14. 0 failed requests while the local pool goes down, stays down and comes back.
     time.sleep(2.5)
     fails, served, lock = [], {"local": 0, "fallback": 0}, threading.Lock()
@@ -322,7 +405,9 @@ def main():
             except Exception as e:  # noqa: BLE001
                 with lock:
                     fails.append((repr(e), stream))
-            time.sleep(0.02)
+            # Below the key's own limit (20 r/s, burst 40) with both clients: over it, the key gets our 429
+            # (vllm_router_front_fallback_on_rate_limit: false, the default).
+            time.sleep(0.12)
     th = [threading.Thread(target=client, args=(x,)) for x in (False, True)]
     for t in th:
         t.start()
@@ -389,6 +474,8 @@ def main():
         check(f"cloud key {k[:9]}... never in any answer the client got ({len(SEEN)} answers)", k.encode() not in got)
         check(f"cloud key {k[:9]}... never in nginx's logs ({len(logs)} bytes in /var/log/nginx)",
               k.encode() not in logs)
+    check(f"no instance address (10.89.250.x) nor vllm-router id in any answer the client got ({len(SEEN)} answers)",
+          b"10.89.250." not in got and b"_addr_" not in got)
     st = os.stat("/etc/nginx/inferops-vllm-fallback-0.conf")
     check("key file is 0600 root", (st.st_mode & 0o777) == 0o600 and st.st_uid == 0, oct(st.st_mode & 0o777))
 

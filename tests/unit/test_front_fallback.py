@@ -55,6 +55,9 @@ def runs(tmp_path_factory):
     jobs = {
         "fallbacks": lambda: _render(tmp / "fallbacks", VARS),
         "none": lambda: _render(tmp / "none", PLAIN),
+        "rate_fallback": lambda: _render(tmp / "rate_fallback", {
+            **VARS, "vllm_router_front_fallback_on_rate_limit": True}),
+        "none_shown": lambda: _render(tmp / "none_shown", {**PLAIN, "vllm_router_front_hide_internals": False}),
         "no_rate_fallback": lambda: _render(tmp / "no_rate_fallback", {
             **VARS, "vllm_router_front_fallback_on_rate_limit": False,
             "vllm_router_front_fallback_first_byte_timeout": 0,
@@ -67,6 +70,9 @@ def runs(tmp_path_factory):
             _endpoint(name="nomap", models={"other-model": "gpt-4o-mini"}),
             _endpoint(name="loop", url="http://127.0.0.1:9000/v1"),
             _endpoint(name="allowed", url="http://10.1.2.3/v1", allow_plaintext=True),
+            # Issue #25: the loopback exemption holds for IP literals only (a name goes through DNS).
+            _endpoint(name="localname", url="http://localhost:9000/v1"),
+            _endpoint(name="loop6", url="http://[::1]:9000/v1"),
         ]}),
         "pd_undefined": lambda: _preflight({"vllm_router_front_fallbacks": [
             _endpoint(api_key="{{ vault_openai_api_key_not_loaded }}")]}),
@@ -119,7 +125,10 @@ def test_each_endpoint_has_its_host_path_key_models_timeouts_and_tls(runs):
     for line in ("set $inferops_fallback_name cloud-a;",
                  "set $inferops_fallback_models '{\"smollm2-135m-instruct\":\"gpt-cloud-mini\"}';",
                  'set $inferops_fallback_upstream_0 "cloud.test:18443";',
-                 "rewrite ^/v1/(.*)$ /v1/$1 break;",
+                 "rewrite ^/v1/(.*)$ /v1/$1? break;",
+                 # Issue #25: the cost controls, and only mapped models.
+                 "set $inferops_fallback_rpm 1000;", "set $inferops_fallback_max_tokens 100;",
+                 "return 404 $inferops_fallback_unmapped_0;",
                  "include /etc/nginx/inferops-vllm-fallback-0.conf;",
                  "include /etc/nginx/inferops-vllm-fallback-proxy.conf;",
                  "proxy_set_body $inferops_fallback_body_0;",
@@ -132,12 +141,23 @@ def test_each_endpoint_has_its_host_path_key_models_timeouts_and_tls(runs):
                  "access_log /var/log/nginx/inferops-vllm-fallback.cloud-a.limited.count inferops_vllm_tick "
                  "if=$inferops_fb_limited;"):
         assert line in first, line
-    assert "rewrite ^/v1/(.*)$ /openai/v1/$1 break;" in last
+    assert "rewrite ^/v1/(.*)$ /openai/v1/$1? break;" in last
+    # An endpoint over its budget: the next one (a bare 429 for error_page), the last one answers our 429.
+    budget_if = first[first.index("if ($inferops_fallback_over_budget_0)"):]
+    assert budget_if[:budget_if.index("}")].rstrip().endswith("return 429;")
+    assert "fallback_budget_exhausted" in last and "add_header Retry-After 60 always;" in last
+    assert "set $inferops_fallback_rpm 20;" in last and "set $inferops_fallback_max_tokens 4096;" in last
+    for i in (0, 1):
+        assert f"js_set $inferops_fallback_unmapped_{i} inferops.unmapped;" in site
+        assert f"js_set $inferops_fallback_over_budget_{i} inferops.overBudget;" in site
+    assert "js_var $inferops_fallback_budget_dir /var/lib/nginx/inferops-vllm-budget;" in site
     assert "proxy_connect_timeout 5s;" in last and "proxy_read_timeout 300s;" in last
     assert "error_page 401 403 407 = @inferops_vllm_fallback_auth;" in last
     assert "error_page 502 504 =503 @inferops_vllm_fallback_unavailable;" in last
     # Every `if` before the rewrite (`rewrite ... break` ends the rewrite directives).
     assert first.index("if ($inferops_fallback_too_big)") < first.index("rewrite ^/v1/")
+    assert first.index("if ($inferops_fallback_unmapped_0)") < first.index("if ($inferops_fallback_over_budget_0)")
+    assert first.index("if ($inferops_fallback_over_budget_0)") < first.index("rewrite ^/v1/")
     assert "inferops-vllm-fallback.none.other.count" in _location(site, "@inferops_vllm_fallback_unavailable")
     proxy = (out / "inferops-vllm-fallback-proxy.conf").read_text()
     for line in ("proxy_pass_request_headers off;", "proxy_ssl_verify on;", "proxy_hide_header Set-Cookie;",
@@ -169,8 +189,18 @@ def test_without_fallbacks_the_front_is_as_before(runs):
     run, out = runs["none"]
     _ok(run)
     site = (out / "inferops-vllm.conf").read_text()
-    for absent in ("js_", "resolver", "fallback", "X-Inferops-Served-By", "recursive_error_pages"):
+    for absent in ("js_set", "js_var", "resolver", "fallback_", "X-Inferops-Served-By", "recursive_error_pages"):
         assert absent not in site, absent
+    # vllm_router_front_hide_internals (default true): njs filters the answers of every route, nothing else.
+    assert "js_import inferops from inferops-vllm-fallback.js;" in site
+    for route in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize"):
+        loc = _location(site, f"= {route}")
+        assert "js_header_filter inferops.localHeaders;" in loc and "js_body_filter inferops.localBody" in loc
+    assert "js_" not in _location(site, "= /health")
+    run, shown = runs["none_shown"]
+    _ok(run)
+    site = (shown / "inferops-vllm.conf").read_text()
+    assert "js_" not in site
     assert "client_body_buffer_size 1m;" in site
     assert "proxy_read_timeout 1800s;" in (out / "inferops-vllm-proxy.conf").read_text()
     assert json.loads((out / "published.json").read_text())["fallback_metrics_url"] == ""
@@ -187,8 +217,10 @@ def test_a_key_over_its_limits_can_be_refused_instead_of_sent_to_the_cloud(runs)
     assert "if ($inferops_fallback_own_limit) {" in first and "return 429" in first
     assert first.index("if ($inferops_fallback_own_limit)") < first.index("rewrite ^/v1/")
     assert "inferops_fallback_own_limit" not in _location(site, "@inferops_vllm_fallback_1")
-    # The default (true) renders no such check.
-    assert "inferops_fallback_own_limit" not in (runs["fallbacks"][1] / "inferops-vllm.conf").read_text()
+    # The opt-in (true) renders no such check.
+    assert "inferops_fallback_own_limit" not in (runs["rate_fallback"][1] / "inferops-vllm.conf").read_text()
+    # Issue #25: refusing is the default now (the key's limits hold on the fallback path too).
+    assert "if ($inferops_fallback_own_limit) {" in (runs["fallbacks"][1] / "inferops-vllm.conf").read_text()
 
 
 def test_the_role_refuses_a_host_name_without_a_resolver(runs):
@@ -210,12 +242,17 @@ def test_the_pd_preflight_refuses_bad_fallbacks_before_any_change(runs):
     assert lines == [
         "[fallbacks] router-1: vllm_router_front_fallbacks[0].api_key: is missing: the endpoint would be called "
         "without a key. Fix: set api_key to the endpoint's key, from a vaulted variable such as vault_openai_api_key.",
-        "[fallbacks] router-1: vllm_router_front_fallbacks[1].url: is plain HTTP to cloud.example.com, beyond this "
-        "host: prompts, answers and the endpoint's key would cross the network in clear text. Fix: use https://, or "
+        "[fallbacks] router-1: vllm_router_front_fallbacks[1].url: is plain HTTP to cloud.example.com, a name nginx "
+        "resolves through DNS at each request (only a loopback IP address is sure to stay on this host): prompts, "
+        "answers and the endpoint's key would cross the network in clear text. Fix: use https://, or "
         "set allow_plaintext: true on this endpoint to accept clear text on purpose.",
         "[fallbacks] router-1: vllm_router_front_fallbacks[2].models: does not map the served model name "
         "smollm2-135m-instruct: a request for it would reach the endpoint under our name. Fix: add each served "
         "model name with the endpoint's model for it.",
+        "[fallbacks] router-1: vllm_router_front_fallbacks[5].url: is plain HTTP to localhost, a name nginx "
+        "resolves through DNS at each request (only a loopback IP address is sure to stay on this host): prompts, "
+        "answers and the endpoint's key would cross the network in clear text. Fix: use https://, or "
+        "set allow_plaintext: true on this endpoint to accept clear text on purpose.",
     ], output
     assert "sk-test-fallback-key-0001" not in output
 

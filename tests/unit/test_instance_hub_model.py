@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,20 @@ def recap(output: str) -> dict[str, tuple[int, ...]]:
     return {m[1]: tuple(int(x) for x in m.groups()[1:]) for m in RECAP_RE.finditer(output)}
 
 
+def _leftovers(scratch: Path, prefix: str) -> tuple[Path, Path]:
+    """A private directory a run that died left two hours ago (with a secret in it), and one of a run that is
+    still going (a minute old): issue #25 - the next run removes the first, never the second."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    stale, live = scratch / f"{prefix}.stale0", scratch / f"{prefix}.live00"
+    for d, age in ((stale, 7200), (live, 60)):
+        d.mkdir(mode=0o700)
+        (d / "secret").write_text("left-behind-secret")
+        os.utime(d, (time.time() - age, time.time() - age))
+    return stale, live
+
+
 def test_an_unreachable_hub_stops_the_host_naming_model_revision_and_hub(tmp_path):
+    stale, live = _leftovers(tmp_path / "remote-tmp", "inferops-hf")
     output = play(tmp_path, "model", {"web-1": {"vllm_instance_model_revision": COMMIT, "vllm_instance_hf_token": TOKEN,
                                                 "vllm_instance_hf_endpoint": "http://127.0.0.1:9"}})
     flat = " ".join(output.split())
@@ -93,7 +107,9 @@ def test_an_unreachable_hub_stops_the_host_naming_model_revision_and_hub(tmp_pat
             "the hub cannot be reached") in flat, flat
     assert "Nothing of the instances was changed and none was (re)started" in flat
     assert TOKEN not in output
-    assert list((tmp_path / "remote-tmp").glob("inferops-hf.*")) == []
+    # This run's token directory is gone, so is the one a dead run left; a live run's is kept.
+    assert list((tmp_path / "remote-tmp").glob("inferops-hf.*")) == [live]
+    assert not stale.exists()
     assert not list((tmp_path / "models").glob("*/.inferops-complete-*"))
 
 

@@ -60,10 +60,18 @@ def args_of(config: dict, environ: dict | None = None) -> list[str]:
     return args
 
 
+# Last on every argv: no media domain (and, with an API key, the key middleware).
+NO_MEDIA = ["--allowed-media-domains", launch.NO_MEDIA_DOMAIN]
+KEY_MIDDLEWARE = ["--middleware", "inferops_vllm_auth.InstanceKeyMiddleware"]
+
+
 def flags_of(config: dict, environ: dict | None = None) -> list[str]:
+    """The flags between the model and the security flags (checked to be there, then left out)."""
     args = args_of(config, environ)
     assert args[:2] == ["serve", "/var/lib/vllm/models/x"]
-    return args[2:]
+    tail = NO_MEDIA + (KEY_MIDDLEWARE if config["server"].get("api_key_env") else [])
+    assert args[-len(tail):] == tail
+    return args[2:-len(tail)]
 
 
 def env_of(config: dict, environ: dict | None = None) -> dict[str, str]:
@@ -197,6 +205,8 @@ FULL_ARGS = [
     '"kv_role":"kv_consumer"}',
     "--max-log-len", "100",
     "--disable-log-requests",
+    "--allowed-media-domains", "media-urls-disabled.invalid",
+    "--middleware", "inferops_vllm_auth.InstanceKeyMiddleware",
 ]  # fmt: skip
 
 FULL_ENV = {
@@ -211,6 +221,7 @@ FULL_ENV = {
     "UCX_IB_GID_INDEX": "3",
     "UCX_RNDV_SCHEME": "get_zcopy",
     "HF_HUB_OFFLINE": "1",
+    "PYTHONPATH": str(LAUNCHER.parent),
 }
 
 
@@ -240,7 +251,7 @@ def test_build_is_deterministic_and_does_not_mutate_inputs():
 
 def test_minimal_config():
     args, env = launch.build(minimal(), {})
-    assert args == ["serve", "/var/lib/vllm/models/x"]
+    assert args == ["serve", "/var/lib/vllm/models/x", *NO_MEDIA]
     assert env == {}
 
 
@@ -292,7 +303,8 @@ def test_each_key_maps_to_its_flag(section, key, value, expected):
 def test_flag_cases_cover_every_flag_in_the_schema():
     """Adding a flag-mapped key to the schema without a mapping test fails here."""
     mapped = {(s, k) for s, keys in launch.SCHEMA.items() for k, spec in keys.items() if spec.flag}
-    tested = {case[:2] for case in FLAG_CASES}
+    # server.allowed_media_domains: last on argv, tested on its own (test_media_domains_*).
+    tested = {case[:2] for case in FLAG_CASES} | {("server", "allowed_media_domains")}
     assert mapped == tested
 
 
@@ -310,7 +322,7 @@ ENV_CASES = [
 def test_each_env_key_maps_to_its_variable(section, key, value, var, expected):
     args, env = launch.build(minimal(**{section: {key: value}}), {})
     assert env == {var: expected}
-    assert args == ["serve", "/var/lib/vllm/models/x"]
+    assert args == ["serve", "/var/lib/vllm/models/x", *NO_MEDIA]
 
 
 def test_env_cases_cover_every_env_key_in_the_schema():
@@ -383,7 +395,7 @@ def test_pd_transfer_flag_comes_after_scheduler_and_before_extra():
 def test_pd_disabled_or_absent_means_no_kv_transfer(enabled):
     config = minimal(pd_disaggregation=pd(enabled=enabled))
     args, env = launch.build(config, {})
-    assert args == ["serve", "/var/lib/vllm/models/x"]
+    assert args == ["serve", "/var/lib/vllm/models/x", *NO_MEDIA]
     assert env == {}
 
 
@@ -936,14 +948,14 @@ def test_build_raises_config_error_with_all_problems():
 def test_api_key_env_exports_vllm_api_key_and_never_uses_argv():
     config = minimal(server={"api_key_env": "INSTANCE_KEY"})
     args, env = launch.build(config, {"INSTANCE_KEY": "sk-123"})
-    assert env == {"VLLM_API_KEY": "sk-123"}
+    assert env == {"VLLM_API_KEY": "sk-123", "PYTHONPATH": str(LAUNCHER.parent)}
     assert "--api-key" not in args
     assert not any("sk-123" in a for a in args)
 
 
 def test_api_key_env_named_vllm_api_key():
     args, env = launch.build(minimal(server={"api_key_env": "VLLM_API_KEY"}), {"VLLM_API_KEY": "sk-1"})
-    assert env == {"VLLM_API_KEY": "sk-1"}
+    assert env == {"VLLM_API_KEY": "sk-1", "PYTHONPATH": str(LAUNCHER.parent)}
     assert not any("sk-1" in a for a in args)
 
 
@@ -1413,7 +1425,7 @@ def test_exec_mode_default_vllm_bin_is_next_to_interpreter(write_toml, fake_exec
     assert launch.main(["--config", str(path)]) == 0
     expected = str(Path(sys.executable).parent / "vllm")
     assert fake_exec[0][0] == expected
-    assert fake_exec[0][1] == [expected, "serve", "m"]
+    assert fake_exec[0][1] == [expected, "serve", "m", *NO_MEDIA]
 
 
 def test_exec_mode_invalid_config_does_not_exec(write_toml, capsys, no_exec):
@@ -1454,7 +1466,7 @@ def test_exec_failure_exit_codes(write_toml, capsys, monkeypatch, tmp_path, make
 # argument after `serve` can make it exit with a status or die of SIGKILL instead.
 FAKE_VLLM = """\
 import os, signal, sys, time
-out = sys.argv[-1].removeprefix("--marks=")
+out = next(a for a in sys.argv if a.startswith("--marks=")).removeprefix("--marks=")
 if os.fork() == 0:
     if os.fork() == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -1548,7 +1560,8 @@ def test_log_line_quotes_values_for_the_shell(write_toml, capsys, fake_exec):
                       '[environment]\nUCX_LOG_FILE = "/var/log/ucx %h.log"\n')
     assert launch.main(["--config", str(path), "--vllm-bin", "/v/vllm"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == f"{PREFIX}: exec: /v/vllm serve /m --served-model-name 'my model'"
+    assert err[0] == (f"{PREFIX}: exec: /v/vllm serve /m --served-model-name 'my model' "
+                      f"--allowed-media-domains {launch.NO_MEDIA_DOMAIN}")
     assert err[1] == f"{PREFIX}: env: UCX_LOG_FILE='/var/log/ucx %h.log'"
 
 
@@ -1629,7 +1642,8 @@ def test_script_check_mode_end_to_end(write_toml):
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"{PREFIX}: exec: /x/vllm serve m --port 8100\n{PREFIX}: {path}: config OK\n"
+    assert result.stdout == (f"{PREFIX}: exec: /x/vllm serve m --port 8100 "
+                             f"--allowed-media-domains {launch.NO_MEDIA_DOMAIN}\n{PREFIX}: {path}: config OK\n")
 
 
 def test_script_invalid_config_end_to_end(write_toml):
@@ -1715,3 +1729,60 @@ def test_vocabulary_resolves_into_itself():
     assert set(launch.VOCAB.AUTO_DTYPES.values()) <= set(launch.VOCAB.DTYPES)
     kv_synonyms = set(launch.VOCAB.KV_CACHE_DTYPE_SYNONYMS) | set(launch.VOCAB.KV_CACHE_DTYPE_SYNONYMS.values())
     assert kv_synonyms <= set(launch.VOCAB.KV_CACHE_DTYPES)
+
+
+# --------------------------------------------------------------------------- media domains, key middleware (issue #25)
+
+
+def test_media_domains_none_by_default_and_when_empty():
+    """vLLM fetches from every host when the list is absent or empty: the launcher always passes one."""
+    for server in ({}, {"allowed_media_domains": []}):
+        args = args_of(minimal(server=server))
+        assert args[-2:] == ["--allowed-media-domains", "media-urls-disabled.invalid"]
+        assert launch.NO_MEDIA_DOMAIN.endswith(".invalid")  # RFC 6761: never resolves
+
+
+def test_media_domains_listed_are_passed_as_separate_arguments_last():
+    config = minimal(server={"allowed_media_domains": ["images.example.com", "cdn.example.org"]},
+                     extra={"args": ["--max-log-len", "1"]})
+    assert args_of(config)[2:] == ["--max-log-len", "1", "--allowed-media-domains", "images.example.com",
+                                   "cdn.example.org"]
+
+
+@pytest.mark.parametrize("domain", ["https://images.example.com", "images.example.com:443", "*.example.com",
+                                    "Images.Example.com", "", "a b", "example.com/path"])
+def test_media_domains_must_be_plain_host_names(domain):
+    problem = only_problem(minimal(server={"allowed_media_domains": [domain]}))
+    assert problem.startswith("server.allowed_media_domains: ") and "is not a host name" in problem
+
+
+def test_media_domains_flag_is_refused_in_extra_args():
+    problem = only_problem(minimal(extra={"args": ["--allowed-media-domains", "x.example.com"]}))
+    assert "server.allowed_media_domains" in problem
+
+
+def test_key_middleware_and_its_path_only_with_an_api_key():
+    args, env = launch.build(minimal(), {})
+    assert "--middleware" not in args and "PYTHONPATH" not in env
+    args, env = launch.build(minimal(server={"api_key_env": "VLLM_API_KEY"}), {"VLLM_API_KEY": "k" * 20})
+    assert args[-2:] == KEY_MIDDLEWARE
+    assert env["PYTHONPATH"] == str(LAUNCHER.parent)
+    assert (LAUNCHER.parent / "inferops_vllm_auth.py").is_file()
+
+
+def test_key_middleware_path_comes_before_one_the_toml_sets():
+    config = minimal(server={"api_key_env": "VLLM_API_KEY"}, environment={"PYTHONPATH": "/opt/mine"})
+    env = launch.build(config, {"VLLM_API_KEY": "k" * 20})[1]
+    assert env["PYTHONPATH"] == f"{LAUNCHER.parent}:/opt/mine"
+
+
+def test_key_middleware_imports_as_vllm_imports_it():
+    """vLLM does importlib.import_module(path).getattr(name) with the launcher's PYTHONPATH."""
+    env = launch.build(minimal(server={"api_key_env": "VLLM_API_KEY"}), {"VLLM_API_KEY": "k" * 20})[1]
+    module, name = KEY_MIDDLEWARE[1].rsplit(".", 1)
+    code = (f"import importlib, inspect; c = getattr(importlib.import_module({module!r}), {name!r}); "
+            "print(inspect.isclass(c))")
+    result = subprocess.run([sys.executable, "-c", code], env={"PATH": os.environ.get("PATH", ""), **env},
+                            capture_output=True, text=True, check=False, cwd="/")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"

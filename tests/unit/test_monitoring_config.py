@@ -193,6 +193,16 @@ def plays(out: Path, nft: bool) -> list[dict[str, Any]]:
                 {
                     **role_task(
                         "configure.yml",
+                        "Write the instances' key for Prometheus' scrapes of /metrics",
+                        dest=host_dir + "/vllm-instance.key",
+                        owner=None,
+                        group=None,
+                    ),
+                    "when": "_vllm_monitoring_is_prometheus | bool and _vllm_monitoring_instance_key | length > 0",
+                },
+                {
+                    **role_task(
+                        "configure.yml",
                         "Write Prometheus' configuration (scrape targets from the inventory)",
                         dest=host_dir + "/prometheus.yml",
                         owner=None,
@@ -253,6 +263,48 @@ def rendered_with_fallbacks(tmp_path_factory) -> Path:
     assert run.returncode == 0, run.stdout + run.stderr
     assert FALLBACK["api_key"] not in run.stdout + run.stderr
     return out
+
+
+INSTANCE_KEY = "instance-key-for-monitoring-0001"
+
+
+@pytest.fixture(scope="module")
+def rendered_with_instance_key(tmp_path_factory) -> Path:
+    """The same inventory with an instance key (vllm_instance_api_key): the instances require it on /metrics."""
+    tmp = tmp_path_factory.mktemp("monitoring-instance-key")
+    out = tmp / "out"
+    out.mkdir()
+    run = run_playbook(
+        tmp, "render", plays(out, False), inventory(["r1"], vllm_instance_api_key=INSTANCE_KEY),
+        extra={"_vllm_monitoring_promtool": promtool(),
+               # promtool checks that the credentials file exists: the one this render writes.
+               "_vllm_monitoring_instance_key_file": str(out) + "/{{ inventory_hostname }}/vllm-instance.key"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert INSTANCE_KEY not in run.stdout + run.stderr
+    return out
+
+
+def test_prometheus_scrapes_the_instances_with_their_key_from_a_file(rendered, rendered_with_instance_key):
+    """Issue #25: /metrics of an instance needs its key; Prometheus sends it (authorization.credentials_file),
+    and the key is only in that file (0640 root:prometheus), never in prometheus.yml."""
+    def job(out, name):
+        config = yaml.safe_load((out / "r1" / "prometheus.yml").read_text(encoding="utf-8"))
+        return {j["job_name"]: j for j in config["scrape_configs"]}[name]
+
+    keyed = job(rendered_with_instance_key, "vllm")
+    key_file = rendered_with_instance_key / "r1" / "vllm-instance.key"
+    assert keyed["authorization"] == {"type": "Bearer", "credentials_file": str(key_file)}
+    assert key_file.read_text(encoding="utf-8") == INSTANCE_KEY + "\n"
+    assert INSTANCE_KEY not in (rendered_with_instance_key / "r1" / "prometheus.yml").read_text(encoding="utf-8")
+    # Only the instances' job: the router, nginx and node exporters have no such key.
+    assert "authorization" not in job(rendered_with_instance_key, "node")
+    assert "authorization" not in job(rendered, "vllm")
+    assert not (rendered / "r1" / "vllm-instance.key").exists()
+    (task,) = [t for t in yaml.safe_load((REPO / "roles" / "vllm_monitoring" / "tasks" / "configure.yml").read_text())
+               if t["name"] == "Write the instances' key for Prometheus' scrapes of /metrics"]
+    assert task["ansible.builtin.copy"]["mode"] == "0640" and task["ansible.builtin.copy"]["group"] == "prometheus"
+    assert task["no_log"] is True and task["diff"] is False
 
 
 def test_fallback_counters_are_scraped_when_the_front_has_fallbacks(rendered, rendered_with_fallbacks):

@@ -24,6 +24,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,7 @@ def play(tmp_path: Path, index: FakeIndex, ca: Path | None, packages: list[str],
     playbook = tmp_path / "play.yml"
     playbook.write_text(PLAYBOOK)
     scratch = tmp_path / "remote-tmp"
-    scratch.mkdir()
+    scratch.mkdir(exist_ok=True)
     # The machine's own pip and CA settings (a CI runner may have them) must not decide the test.
     env = {k: v for k, v in playbook_env(ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0").items()
            if not k.startswith("PIP_") and k not in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")}
@@ -146,6 +147,13 @@ def installed(target: Path) -> list[str]:
 def test_install_over_tls_with_credentials_never_shows_the_password(tmp_path, wheels, tls):
     ca, cert, key = tls
     scratch = tmp_path / "remote-tmp"
+    # Issue #25: a private pip.conf a run that died left two hours ago is removed; a live run's is kept.
+    scratch.mkdir(parents=True, exist_ok=True)
+    stale, live = scratch / "inferops-pip.stale0", scratch / "inferops-pip.live00"
+    for d, age in ((stale, 7200), (live, 60)):
+        d.mkdir(mode=0o700)
+        (d / "pip.conf").write_text("[global]\nindex-url = https://user:left-behind@index.example/simple\n")
+        os.utime(d, (time.time() - age, time.time() - age))
     probe = Probe(scratch)
     with FakeIndex(wheels, USERNAME, PASSWORD, tls=(cert, key), on_request=probe) as index:
         run, target, _scratch = play(tmp_path, index, ca, ["inferops-probe==1.0.0"], ["inferops-probe-extra==2.0"])
@@ -163,8 +171,10 @@ def test_install_over_tls_with_credentials_never_shows_the_password(tmp_path, wh
     assert base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode() not in output
     assert probe.showing == [], probe.showing
     # The pip.conf existed while pip ran, root's and 0600 in a 0700 directory, and is gone.
+    probe.confs.pop(str(live / "pip.conf"), None)
+    probe.confs.pop(str(stale / "pip.conf"), None)
     assert probe.confs and set(probe.confs.values()) == {(0o600, 0o700, 0)}, probe.confs
-    assert list(scratch.glob("inferops-pip.*")) == []
+    assert list(scratch.glob("inferops-pip.*")) == [live] and not stale.exists()
 
 
 def test_a_wrong_password_stops_at_the_check_before_pip_runs(tmp_path, wheels, tls):

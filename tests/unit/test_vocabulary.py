@@ -149,9 +149,11 @@ def test_the_argument_spec_keeps_choices_only_where_no_better_message_exists():
 
 def test_the_role_installs_the_vocabulary_beside_the_launcher():
     tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8"))
-    (task,) = [t for t in tasks if t["name"] == "Install the launcher and its vocabulary"]
+    (task,) = [t for t in tasks if t["name"] == "Install the launcher, its vocabulary and the instance key middleware"]
     sources = [item["src"] for item in task["loop"]]
     assert sources[0] == LAUNCHER.name
+    # The launcher's --middleware module, on vLLM's PYTHONPATH as the launcher's own directory (issue #25).
+    assert sources[2] == "inferops_vllm_auth.py" and (LAUNCHER.parent / sources[2]).is_file()
     vocabulary = sources[1].replace("{{ role_path }}", str(ROLE))
     assert Path(vocabulary).resolve() == Path(vocab.__file__).resolve()
     assert task["ansible.builtin.copy"]["dest"] == "{{ _vllm_instance_launcher | dirname }}/{{ item.src | basename }}"

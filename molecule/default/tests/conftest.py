@@ -134,9 +134,16 @@ def http_json(url: str, body: dict | None = None, timeout: float = 180, headers:
         return json.loads(resp.read())
 
 
-def metric_samples(url: str) -> dict[tuple[str, tuple], float]:
-    """All samples of a /metrics page, keyed by (name, sorted labels without model/engine)."""
-    with urllib.request.urlopen(url, timeout=30) as resp:
+def instance_auth(key: str | None = None) -> dict:
+    """The header the instances require on every route but /health (roles/vllm_instance's inferops_vllm_auth.py):
+    the sandbox's instance key unless ``key`` is given."""
+    return {"Authorization": f"Bearer {key or secret('instance_api_key')}"}
+
+
+def metric_samples(url: str, key: str | None = None) -> dict[tuple[str, tuple], float]:
+    """All samples of an instance's /metrics page (sent with the instance key, or ``key``), keyed by (name,
+    sorted labels without model/engine)."""
+    with urllib.request.urlopen(urllib.request.Request(url, headers=instance_auth(key)), timeout=30) as resp:
         text = resp.read().decode()
     out: dict[tuple[str, tuple], float] = {}
     for family in text_string_to_metric_families(text):

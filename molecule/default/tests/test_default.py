@@ -143,7 +143,7 @@ def auth() -> dict:
 
 def test_health_version_and_model(prefill_url, decode_url):
     for url in (prefill_url, decode_url):
-        assert http_json(f"{url}/version")["version"] == "0.32.0"
+        assert http_json(f"{url}/version", headers=auth())["version"] == "0.32.0"
         models = [m["id"] for m in http_json(f"{url}/v1/models", headers=auth())["data"]]
         assert models == [MODEL]
 

@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import front_ca, secret
+from conftest import front_ca, instance_auth, secret
 
 MODEL = "smollm2-135m-instruct"
 
@@ -35,7 +35,8 @@ def snapshot(vllm_metrics, prefill_url, decode_urls):
     """Every instance's metrics: the front may send a request to any decode instance of the pool."""
     out = {}
     for name, url in (("prefill-0", prefill_url), *decode_urls.items()):
-        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=instance_auth()),
+                                    timeout=30) as resp:
             out[name] = vllm_metrics.summarize_instance(resp.read().decode())["metrics"]
     return out
 

@@ -16,7 +16,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import container_ip, deploy_playbook, journal_tail, metric_samples, molecule_only
+from conftest import container_ip, deploy_playbook, instance_auth, journal_tail, metric_samples, molecule_only
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, os.environ["ANSIBLE_COLLECTIONS_PATH"].split(":")[0])
@@ -39,7 +39,7 @@ def predicted_tokens(dtype_bytes: int) -> int:
 
 
 def live_cache_config(url: str) -> dict:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=instance_auth()), timeout=30) as resp:
         text = resp.read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -51,6 +51,14 @@ table order, then ``extra.args`` verbatim)::
     server.api_key_env                names the variable holding the API key; it must be
                                       set and non-empty; its value is exported as
                                       VLLM_API_KEY.  Never on argv (no --api-key).
+    server.allowed_media_domains      --allowed-media-domains, last on argv: the hosts whose http(s) media
+                                      URLs a multimodal request may make vLLM fetch (exact names).  Absent
+                                      or [] = none (NO_MEDIA_DOMAIN, a name that never resolves: vLLM
+                                      itself reads an empty list as "every host")
+    (api key set)                     --middleware inferops_vllm_auth.InstanceKeyMiddleware, last on argv,
+                                      and PYTHONPATH=<this file's directory>[:the one [environment] sets]:
+                                      the key on every route but /health (vLLM's --api-key guards /v1,
+                                      /v2, /inference and /cohere only)
     server.shutdown_timeout           --shutdown-timeout         (>= 0 seconds; 0 = a stop aborts the
                                       running requests, N = a stop first refuses new requests and
                                       gives the running ones N s to finish.  Set the unit's
@@ -191,6 +199,16 @@ PR_SET_CHILD_SUBREAPER = 36
 ORPHAN_GRACE_SECONDS = 5.0
 
 VLLM_DEFAULT_PORT = 8000  # what vLLM listens on when server.port is not set
+# vLLM fetches http(s) media URLs of multimodal requests from any host when --allowed-media-domains is
+# absent or empty. "No domain" is this one name in the list: .invalid never resolves (RFC 6761).
+NO_MEDIA_DOMAIN = "media-urls-disabled.invalid"
+# A host name as vLLM compares it with a URL's host (exact, lower case, no port, no scheme).
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+MEDIA_DOMAIN_RE = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
+# The instance key on every route but /health (inferops_vllm_auth.py, beside this file, on vLLM's
+# PYTHONPATH): vLLM's own --api-key guards /v1, /v2, /inference and /cohere only.
+AUTH_MIDDLEWARE = "inferops_vllm_auth.InstanceKeyMiddleware"
+AUTH_MODULE_DIR = Path(__file__).resolve().parent
 API_KEY_VAR = "VLLM_API_KEY"  # the variable vLLM itself reads
 REDACTED = "<redacted>"
 
@@ -200,7 +218,7 @@ ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 SAFE_ENV_NAMES = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY",
-    "HF_HOME", "HF_HUB_CACHE", "PYTORCH_CUDA_ALLOC_CONF", "PYTHONUNBUFFERED", "TZ", "LANG", "LC_ALL",
+    "HF_HOME", "HF_HUB_CACHE", "PYTORCH_CUDA_ALLOC_CONF", "PYTHONUNBUFFERED", "PYTHONPATH", "TZ", "LANG", "LC_ALL",
 })
 # ... and of these families (vLLM's own settings, the KV transfer and collective libraries), unless
 # the name looks secret (SECRET_NAME_RE).
@@ -234,6 +252,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "served_model_name": Key("str", flag="--served-model-name"),
         "api_key_env": Key("env_name"),
         "shutdown_timeout": Key("int", flag="--shutdown-timeout", minimum=0),
+        "allowed_media_domains": Key("str_list", flag="--allowed-media-domains"),
     },
     "model": {
         "name": Key("str"),
@@ -717,6 +736,14 @@ def _check_cross(
 
     problems.extend(_check_kv_fabric(good.get("kv_fabric", {})))
 
+    for domain in good.get("server", {}).get("allowed_media_domains", []):
+        if not MEDIA_DOMAIN_RE.fullmatch(domain):
+            problems.append(
+                f"server.allowed_media_domains: {json.dumps(domain)} is not a host name; vLLM compares each entry "
+                'with the URL\'s host exactly: write lower-case names such as "images.example.com" (no scheme, '
+                "port, path or wildcard)"
+            )
+
     api_key_env = good.get("server", {}).get("api_key_env")
     if api_key_env is not None:
         env_table = raw.get("environment", {})
@@ -797,7 +824,7 @@ def _flags(config: Mapping[str, Any]) -> list[str]:
     for section in FLAG_SECTIONS:
         table = config.get(section, {})
         for key, spec in SCHEMA[section].items():
-            if not spec.flag or key not in table:
+            if not spec.flag or key not in table or spec.kind == "str_list":
                 continue
             value = table[key]
             if spec.kind == "bool":
@@ -863,7 +890,26 @@ def build(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> tuple
     if pd.get("enabled"):
         args += ["--kv-transfer-config", _kv_transfer_config(pd)]
     args += config.get("extra", {}).get("args", [])
+    args += _security_flags(config)
+    if config["server"].get("allowed_media_domains"):
+        # vLLM follows redirects of a media URL by default: an allowed host could send it to an internal one.
+        env.setdefault("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
+    if config["server"].get("api_key_env"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(AUTH_MODULE_DIR), *filter(None, [env.get("PYTHONPATH", (environ or {}).get("PYTHONPATH", ""))])]
+        )
     return args, env
+
+
+def _security_flags(config: Mapping[str, Any]) -> list[str]:
+    """Last on argv, after extra.args (which may not set them): the media domains vLLM may fetch from
+    (none unless server.allowed_media_domains lists some) and, with an API key, the middleware that
+    requires it on every route but /health."""
+    domains = config["server"].get("allowed_media_domains") or [NO_MEDIA_DOMAIN]
+    args = ["--allowed-media-domains", *domains]
+    if config["server"].get("api_key_env"):
+        args += ["--middleware", AUTH_MIDDLEWARE]
+    return args
 
 
 # --------------------------------------------------------------------------- command line

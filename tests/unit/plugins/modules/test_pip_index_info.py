@@ -161,3 +161,79 @@ def test_check_mode_asks_too(wheels):
         result = run_module(pip_index_info.main, {"index_url": index.url, "packages": ["nixl==1.5.1"]},
                             check_mode=True)
     assert result["problems"] == [] and index.requests
+
+
+# --------------------------------------------------------------------------- redirects (issue #25)
+
+
+class _Recorder:
+    """An HTTP server on 127.0.0.1 that records the Authorization it gets and answers with ``reply(path)``:
+    (status, headers, body)."""
+
+    def __init__(self, reply):
+        import http.server
+        import threading
+
+        self.auths = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                outer.auths.append((self.path, self.headers.get("Authorization")))
+                status, headers, body = reply(self.path)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_credentials_never_follow_a_redirect_to_another_host():
+    page = b'<a href="inferops_probe-1.0.0-py3-none-any.whl">x</a>'
+    other = _Recorder(lambda path: (200, {"Content-Type": "text/html"}, page))
+    index = _Recorder(lambda path: (302, {"Location": f"{other.url}{path}"}, b"")
+                      if path.startswith("/away/") else
+                      (301, {"Location": "/simple/inferops-probe/"}, b"") if path == "/simple/inferops-probe"
+                      else (200, {"Content-Type": "text/html"}, page))
+    try:
+        # Same origin (a trailing-slash redirect): the credentials go along.
+        status, body, error = pip_index_info.ask(f"{index.url}/simple/inferops-probe", "user", "s3cret-pw", None, 5)
+        assert status == 200 and "inferops_probe" in body, error
+        assert [auth is not None for _path, auth in index.auths] == [True, True]
+        # Another origin (another port here): followed, without them.
+        status, body, error = pip_index_info.ask(f"{index.url}/away/inferops-probe/", "user", "s3cret-pw", None, 5)
+        assert status == 200 and "inferops_probe" in body, error
+        assert other.auths == [("/away/inferops-probe/", None)]
+    finally:
+        index.close()
+        other.close()
+
+
+def test_an_https_index_redirected_to_http_is_not_followed(monkeypatch):
+    import email.message
+    from urllib.error import HTTPError
+
+    calls = []
+
+    def fake_open_url(url, **kwargs):
+        calls.append((url, kwargs.get("url_password")))
+        headers = email.message.Message()
+        headers["Location"] = "http://mirror.example/simple/x/"
+        raise HTTPError(url, 302, "Found", headers, None)
+
+    monkeypatch.setattr(pip_index_info, "open_url", fake_open_url)
+    status, _body, error = pip_index_info.ask("https://index.example/simple/x/", "u", "pw-0123", None, 5)
+    assert status == 0 and "redirected from HTTPS to http" in error and "not followed" in error
+    assert calls == [("https://index.example/simple/x/", "pw-0123")]

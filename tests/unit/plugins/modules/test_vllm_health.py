@@ -138,7 +138,8 @@ def bump(text, name, delta, **labels):
 
 
 class FakeVllm:
-    """A vLLM instance: /health, /version, /v1/models (API key), /metrics from a captured fixture."""
+    """A vLLM instance: /health (open), /version, /v1/models, /metrics from a captured fixture (the API key on
+    every route but /health, as roles/vllm_instance's inferops_vllm_auth.py requires it)."""
 
     def __init__(self, fixture, key=None, version="0.32.0", models=(MODEL,)):
         self.metrics = (FIXTURES / fixture).read_text()
@@ -164,14 +165,14 @@ class FakeVllm:
                 self.health_failures -= 1
                 return 503, "text/plain", ""
             return 200, "text/plain", ""
+        if not authorized(headers, self.key):
+            return unauthorized(headers)
         if path == "/version":
             return _json(200, {"version": self.version})
         if path == "/metrics":
             with self.lock:
                 return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics
         if path.startswith("/v1/"):
-            if not authorized(headers, self.key):
-                return unauthorized(headers)
             if path == "/v1/models":
                 return _json(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]})
         return _json(404, {"detail": "Not Found"})
@@ -420,9 +421,9 @@ def test_all_healthy_and_handoff_proven(deployment):
     assert all(r["temperature"] == 0 and r["max_tokens"] == 8 and r["model"] == MODEL for r in sent)
     assert len({r["prompt"] for r in sent}) == 3
     assert all(len(r["prompt"].split()) >= 16 for r in sent)
-    # Keys went where they belong: the instance key to /v1/* only, never to /health or /metrics.
+    # Keys went where they belong: the instance key to every route of the instances but /health.
     for method, path, auth in deployment.prefill.requests:
-        assert auth == (f"Bearer {INSTANCE_KEY}" if path.startswith("/v1/") else None), (method, path)
+        assert auth == (None if path == "/health" else f"Bearer {INSTANCE_KEY}"), (method, path)
 
 
 def test_the_proof_names_the_transport_and_judges_the_kv_throughput(deployment):
@@ -538,7 +539,9 @@ def test_wrong_api_key_is_401_and_never_shown(deployment):
     msg = result["msg"]
     assert "HTTP 401" in msg and "API key was rejected" in msg
     assert "prefill-0" in msg and "decode-0" in msg  # every instance reported at once
-    assert len(result["problems"]) == 2
+    # /version, /v1/models and /metrics of each instance: all need the instance key (issue #25).
+    assert len(result["problems"]) == 6
+    assert all("HTTP 401" in p for p in result["problems"])
     # The fake servers echo the request headers (key included) in their error bodies.
     assert '"got": "Bearer ********"' in msg
     for problem in result["problems"]:

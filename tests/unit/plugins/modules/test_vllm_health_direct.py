@@ -231,8 +231,9 @@ def test_requests_carry_the_instance_key_at_both_instances(pair):
     for server in (pair.prefill, pair.decode):
         assert [auth for _request, auth in server.completions] == [f"Bearer {INSTANCE_KEY}"] * 3
         for method, path, auth in server.requests:
-            # The key goes to /v1/* only, never to /health or /metrics; the client key never to an instance.
-            assert auth == (f"Bearer {INSTANCE_KEY}" if path.startswith("/v1/") else None), (method, path)
+            # The instance key goes to every route but /health (the instances require it there too, issue #25);
+            # the client key never to an instance.
+            assert auth == (None if path == "/health" else f"Bearer {INSTANCE_KEY}"), (method, path)
 
 
 def test_api_key_is_the_instance_key_when_no_instance_key():

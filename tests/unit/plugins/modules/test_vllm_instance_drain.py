@@ -8,6 +8,7 @@ wait takes no time; the fake serves one page per read (the last one repeats).
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -56,9 +57,11 @@ def page(*engines):
 class FakeMetrics:
     """A vLLM instance's /metrics on 127.0.0.1: ``pages[i]`` answers the i-th read, the last one repeats."""
 
-    def __init__(self, *pages, status=200):
+    def __init__(self, *pages, status=200, key=None):
         self.pages = list(pages)
         self.status = status
+        self.key = key  # when set, /metrics needs "Authorization: Bearer <key>" (roles/vllm_instance, issue #25)
+        self.auths = []
         self.reads = 0
         self.paths = []
         app = self
@@ -68,8 +71,11 @@ class FakeMetrics:
 
             def do_GET(self):  # noqa: N802
                 app.paths.append(self.path)
+                app.auths.append(self.headers.get("Authorization"))
                 status, body = 404, b"Not Found"
-                if self.path == "/metrics":
+                if app.key and self.headers.get("Authorization") != f"Bearer {app.key}":
+                    status, body = 401, b'{"error":{"message":"missing or invalid API key"}}'
+                elif self.path == "/metrics":
                     status = app.status
                     body = app.pages[min(app.reads, len(app.pages) - 1)].encode()
                     app.reads += 1
@@ -294,6 +300,33 @@ def test_instance_that_goes_away_during_the_wait_fails(metrics, clock):
     result = run({"port": server.port}, expect="fail")
     assert result["msg"].startswith(f"cannot read http://127.0.0.1:{server.port}/metrics: ")
     assert result["seconds"] == 1.0
+
+
+# --------------------------------------------------------------------------- the instance key (issue #25)
+
+KEY = "instance-key-drain-0123456789"
+
+
+def test_the_key_is_sent_to_metrics(metrics, clock):
+    server = metrics(page((0, 0)), key=KEY)
+    result = run({"port": server.port, "api_key": KEY, "quiet": 1})
+    assert result["drained"] is True
+    assert server.auths == [f"Bearer {KEY}"]
+    assert KEY not in json.dumps(result)
+
+
+def test_without_the_key_an_instance_that_requires_it_fails_saying_so(metrics, clock):
+    server = metrics(page((0, 0)), key=KEY)
+    result = run({"port": server.port}, expect="fail")
+    assert "Unauthorized" in result["msg"] and "requires the instance key" in result["msg"]
+    result = run({"port": server.port, "api_key": "wrong-key-0123456789abcdef"}, expect="fail")
+    assert "the API key was refused" in result["msg"] and "wrong-key" not in result["msg"]
+
+
+def test_no_key_sends_no_authorization(metrics, clock):
+    server = metrics(page((0, 0)))
+    run({"port": server.port, "quiet": 1})
+    assert server.auths == [None]
 
 
 # --------------------------------------------------------------------------- documentation
