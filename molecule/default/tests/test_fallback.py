@@ -104,7 +104,7 @@ def fallback_counts() -> dict[str, float]:
 
 def cloud_requests() -> float:
     """Requests the cloud's vLLM finished (its own counter: what really reached the cloud)."""
-    with open(os.path.join(CLOUD_DIR, "api_key")) as f:
+    with open(os.path.join(EPHEMERAL, "cloud", "api_key")) as f:
         cloud_key = f.read().split()[0]
     samples = metric_samples(f"http://{container_ip(CLOUD)}:8100/metrics", key=cloud_key)
     return sum(value for (name, _labels), value in samples.items() if name == "vllm:request_success_total")
