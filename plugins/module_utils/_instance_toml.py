@@ -30,7 +30,7 @@ TOML_SOURCES = {
     "server.host": "vllm_instance_bind_host",
     "server.port": "instance:port",
     "server.served_model_name": "vllm_instance_served_model_name",
-    "server.api_key_env": "vllm_instance_api_key",
+    "server.api_keys_file": "vllm_instance_api_key",
     "server.shutdown_timeout": "setting:shutdown_timeout",
     "server.allowed_media_domains": "vllm_instance_allowed_media_domains",
     "model": "vllm_instance_model",
@@ -62,7 +62,7 @@ SETTING_SECTIONS = ("model", "kv_cache", "scheduler")
 # published settings; hostvars hold a variable only when the inventory sets it.
 INSTANCE_DEFAULTS = {"vllm_instance_bind_host": "0.0.0.0", "vllm_instance_models_dir": "/var/lib/vllm/models",
                      "vllm_instance_environment": {}, "vllm_instance_extra_args": [],
-                     "vllm_instance_allowed_media_domains": []}
+                     "vllm_instance_allowed_media_domains": [], "vllm_instance_config_dir": "/etc/vllm"}
 
 Variables = Mapping[str, Any]
 
@@ -142,7 +142,7 @@ def _server(inst: Instance, variables: Variables | None) -> dict[str, Any]:
         "served_model_name": text(pub.get("served_model_name")),
     }
     if pub.get("api_key_set") is True or text(pub.get("api_key_set")).lower() == "true":
-        server["api_key_env"] = "VLLM_API_KEY"
+        server["api_keys_file"] = f"{text(role_var(variables, 'vllm_instance_config_dir'))}/api-keys"
     server["shutdown_timeout"] = jinja_int(inst.setting("shutdown_timeout"))
     domains = role_var(variables, "vllm_instance_allowed_media_domains")
     # The template's `map('string') | list`; anything but a list goes as it is (the launcher says what is wrong).

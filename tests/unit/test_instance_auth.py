@@ -261,3 +261,71 @@ def test_in_a_starlette_app_as_vllm_adds_it(monkeypatch):
     assert call(app, "/nope", "GET", bearer(KEY))[0] == 404  # the key does not make an unknown route exist
     assert call(app, "/v1/realtime", kind="websocket")[0] == "closed:1008"
     assert starlette.__version__
+
+
+# --------------------------------------------------------------------------- the keys file (rotation without restart
+
+
+def _replace(path: Path, text: str) -> None:
+    """As the role writes it: a new file renamed over the old one."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def test_keys_come_from_the_keys_file_the_launcher_names(monkeypatch, tmp_path):
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text(f"{KEY}\n")
+    monkeypatch.setenv("INFEROPS_VLLM_API_KEYS_FILE", str(keys_file))
+    monkeypatch.setenv("VLLM_API_KEY", OTHER)  # not used when a keys file is named
+    app = lambda inner: auth.InstanceKeyMiddleware(inner)  # noqa: E731 - as vLLM builds it: no arguments
+    assert call(app, "/tokenize", "POST", bearer(KEY))[0] == 200
+    assert call(app, "/tokenize", "POST", bearer(OTHER))[0] == 401
+
+
+def test_a_rotation_through_the_keys_file_needs_no_restart(tmp_path, caplog):
+    """One FileKeys for the life of the process: accept-both, switch, drop-old are three writes of the file."""
+    caplog.set_level("INFO", logger="inferops_vllm_auth")
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text(f"{OTHER}\n")
+    keys = auth.FileKeys(str(keys_file))
+    assert keys() == [OTHER.encode()]
+    _replace(keys_file, f"# new first\n{KEY}\n\n  {OTHER}  \n{KEY}\n")
+    assert keys() == [KEY.encode(), OTHER.encode()]
+    assert auth.authorized([(b"authorization", f"Bearer {OTHER}".encode())], keys())
+    _replace(keys_file, f"{KEY}\n")
+    assert keys() == [KEY.encode()]
+    assert not auth.authorized([(b"authorization", f"Bearer {OTHER}".encode())], keys())
+    assert "1 key(s) accepted" in caplog.text
+
+
+def test_the_same_length_rewrite_within_one_timestamp_is_seen(tmp_path):
+    """A key of the same length written again: the rename gives the file a new inode, which is part of the stamp."""
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text(f"{KEY}\n")
+    keys = auth.FileKeys(str(keys_file))
+    assert keys() == [KEY.encode()]
+    swapped = KEY[::-1]
+    _replace(keys_file, f"{swapped}\n")
+    assert keys() == [swapped.encode()]
+
+
+@pytest.mark.parametrize("state", ["missing", "empty", "comments only"])
+def test_a_missing_or_empty_keys_file_closes_every_route_but_health(tmp_path, caplog, state):
+    keys_file = tmp_path / "api-keys"
+    if state != "missing":
+        keys_file.write_text("" if state == "empty" else "# nothing\n\n")
+    keys = auth.FileKeys(str(keys_file))
+    assert keys() == []
+
+    def app(inner):
+        middleware = auth.InstanceKeyMiddleware(inner, keys=[])
+        middleware._keys = keys  # the file's keys, as with INFEROPS_VLLM_API_KEYS_FILE
+        return middleware
+
+    assert call(app, "/health")[0] == 200
+    assert call(app, "/v1/models", "GET", bearer(KEY))[0] == 401
+    assert "every route but /health is refused" in caplog.text
+    # Written later (a repaired host): accepted from the next request on.
+    _replace(keys_file, f"{KEY}\n")
+    assert keys() == [KEY.encode()]

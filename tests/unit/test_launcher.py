@@ -561,7 +561,7 @@ def test_the_drain_fits_in_the_units_stop_timeout():
 # --------------------------------------------------------------------------- rejected keys
 
 REJECTED_CASES = [
-    ("server", "api_key", "sk-literal-secret", "put the key in the EnvironmentFile and name it with api_key_env"),
+    ("server", "api_key", "sk-literal-secret", "put the keys in a file named by api_keys_file"),
     (
         "model",
         "quantization_bits",
@@ -1001,6 +1001,7 @@ def test_environment_cannot_set_launcher_variables(name):
 def test_environment_owned_variables_are_the_expected_ones():
     assert launch.ENV_OWNERS == {
         "VLLM_API_KEY": "server.api_key_env",
+        "INFEROPS_VLLM_API_KEYS_FILE": "server.api_keys_file",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "pd_disaggregation.side_channel_host",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": "pd_disaggregation.kv_transfer_port",
         "VLLM_CPU_OMP_THREADS_BIND": "cpu.omp_threads_bind",
@@ -1786,3 +1787,59 @@ def test_key_middleware_imports_as_vllm_imports_it():
                             capture_output=True, text=True, check=False, cwd="/")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"
+
+
+# --------------------------------------------------------------------------- server.api_keys_file (rotations)
+
+
+@pytest.fixture
+def keys_file(tmp_path):
+    path = tmp_path / "api-keys"
+    path.write_text("sk-new\nsk-old\n")
+    path.chmod(0o640)
+    return path
+
+
+def test_api_keys_file_is_exported_for_the_middleware_and_vllm_gets_no_key(keys_file, write_toml, fake_exec,
+                                                                          monkeypatch, capsys):
+    """The middleware reads the file (and again when it changes); vLLM's own check, which would take one key
+    only, gets none: VLLM_API_KEY inherited from the unit's environment is not passed on."""
+    monkeypatch.setenv("VLLM_API_KEY", "sk-stale-inherited")
+    path = write_toml(f'[server]\napi_keys_file = "{keys_file}"\n[model]\nname = "/m"\n')
+    assert launch.main(["--config", str(path), "--vllm-bin", "/v/vllm"]) == 0
+    (_bin, argv, env), = fake_exec
+    assert env["INFEROPS_VLLM_API_KEYS_FILE"] == str(keys_file)
+    assert "VLLM_API_KEY" not in env
+    assert argv[-2:] == ["--middleware", launch.AUTH_MIDDLEWARE] and "--api-key" not in argv
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(launch.AUTH_MODULE_DIR)
+    err = capsys.readouterr().err
+    assert f"INFEROPS_VLLM_API_KEYS_FILE={keys_file}" in err and "sk-new" not in err and "sk-old" not in err
+
+
+@pytest.mark.parametrize(("content", "mode", "fragment"), [
+    (None, 0o640, "cannot read"),
+    ("", 0o640, "holds no key"),
+    ("# only a comment\n\n", 0o640, "holds no key"),
+    ("sk-new\n", 0o644, "is readable by every user (mode 0644)"),
+])
+def test_api_keys_file_must_hold_a_key_and_stay_private_at_start(tmp_path, content, mode, fragment):
+    path = tmp_path / "api-keys"
+    if content is not None:
+        path.write_text(content)
+        path.chmod(mode)
+    problem = only_problem(minimal(server={"api_keys_file": str(path)}), {})
+    assert problem.startswith("server.api_keys_file: ") and fragment in problem, problem
+
+
+def test_api_keys_file_content_is_not_checked_without_environ(tmp_path):
+    """--check (Ansible's validate step) runs before the role may have written the file."""
+    assert problems_of(minimal(server={"api_keys_file": str(tmp_path / "not-yet")}), None) == []
+
+
+@pytest.mark.parametrize(("server", "fragment"), [
+    ({"api_keys_file": "relative/keys"}, "is not an absolute path"),
+    ({"api_keys_file": "/etc/vllm/api-keys", "api_key_env": "VLLM_API_KEY"}, "name the keys one way only"),
+])
+def test_api_keys_file_refusals(server, fragment):
+    problem = only_problem(minimal(server=server), None)
+    assert problem.startswith("server.api_keys_file") and fragment in problem, problem

@@ -271,8 +271,8 @@ def test_a_refusal_names_host_instance_and_the_variable_it_comes_from():
     assert lines[1].startswith(
         "[launcher] d1/decode-0: vllm_instance_extra_args: the launcher on the host would refuse the instance's "
         'extra.args[2]: "--api-key" is not allowed')
-    assert "Fix: put the key in the EnvironmentFile and name it with server.api_key_env (the vllm_instance role: " \
-           "set vllm_instance_api_key)." in lines[1]
+    assert "Fix: name a keys file with server.api_keys_file, or put the key in the EnvironmentFile and name it with " \
+           "server.api_key_env (the vllm_instance role: set vllm_instance_api_key)." in lines[1]
     assert SECRET not in "\n".join(lines)
 
 

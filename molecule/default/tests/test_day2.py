@@ -20,10 +20,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
+import string
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 
 import pytest
@@ -138,21 +142,59 @@ def health_settings(router_host) -> tuple[int, int, int]:
     return values[0], values[1], values[2]
 
 
-def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_and_adds_fallbacks_under_load(
-        inventory, load, prefill_host, decode_host, router_host):
-    """deploy_pd.yml with decode-1 gone, decode-2 added, decode-0's shutdown_timeout changed and the cloud as the
-    front's fallback, in one run (each deploy_pd.yml run under load costs minutes on 2 cores): decode-1 is taken
-    out of every router replica and drained before anything changes, then stopped and its files removed; decode-2
-    starts and joins both replicas; decode-0 is marked while the run changes it and rolled at the end (out of the
-    routers, drained, restarted, proven, put back); prefill is not restarted; no mark is left; the front has the
-    fallback. No request fails or is served by the fallback all along."""
+def rotate_instance_key() -> str:
+    """A new instance key where the inventory's password lookup reads it (the sandbox's secrets directory, as a
+    site would put a new one in its vault); returns the old one."""
+    path = os.path.join(os.environ["INFEROPS_SECRETS_DIR"], "instance_api_key")
+    old = secret("instance_api_key")
+    new = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(40))
+    with open(path + ".tmp", "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(new + "\n")
+    os.replace(path + ".tmp", path)
+    return old
+
+
+def instance_status(url: str, key: str) -> int:
+    req = urllib.request.Request(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def accepted_keys(host) -> list[str]:
+    return [line for line in host.file("/etc/vllm/api-keys").content_string.splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_rotates_the_key_and_adds_fallbacks(
+        inventory, load, prefill_host, decode_host, router_host, prefill_url):
+    """deploy_pd.yml with decode-1 gone, decode-2 added, decode-0's shutdown_timeout changed, a new instance key and
+    the cloud as the front's fallback, in one run (each deploy_pd.yml run under load costs minutes on 2 cores):
+    decode-1 is taken out of every router replica and drained before anything changes, then stopped and its files
+    removed; decode-2 starts and joins both replicas; decode-0 is marked while the run changes it and rolled at the
+    end (out of the routers, drained, restarted, proven, put back); prefill is not restarted; no mark is left; the
+    instances accept the new key beside the old one until the routers present it, then the new one only (no
+    instance restarts for it); the front has the fallback. No request fails or is served by the fallback all
+    along."""
     cloud_dir = cloud_deployed()
     prefill_before = unit_start(prefill_host, "vllm@prefill-0")
     decode_0_before = unit_start(decode_host, "vllm@decode-0")
-    run = measured(load, "deploy_pd.yml: decode-1 out, decode-2 in, decode-0 rolled (a changed setting), fallbacks",
+    old_key = rotate_instance_key()
+    new_key = secret("instance_api_key")
+    run = measured(load, "deploy_pd.yml: decode-1 out, decode-2 in, decode-0 rolled (a changed setting), instance "
+                         "key rotated, fallbacks",
                    lambda: playbook(inventory, "deploy_pd.yml", "-e", f"@{cloud_dir}/fallbacks.yml"))
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
+    # The rotation: the new key alone is accepted now, on every instance, and no key is in the output.
+    for host in (prefill_host, decode_host):
+        assert accepted_keys(host) == [new_key], host
+    assert instance_status(prefill_url, old_key) == 401 and instance_status(prefill_url, new_key) == 200
+    assert old_key not in output and new_key not in output
+    assert "the instances accept vllm_instance_api_key only (the 1 key(s) of before the rotation" in output
     # Its proof (verify.yml, the run's last part) names the KV transport the sandbox declares (tcp) and judges the
     # NIXL throughput against tcp's floor (vllm_verify_min_kv_throughput_mib_s).
     found = re.search(r"KV transport: tcp, throughput ([0-9.]+) MiB/s, floor ([0-9.]+) MiB/s: OK\.", output)

@@ -106,8 +106,12 @@ def test_secret_files_are_private(router_host, prefill_host):
     assert secret("client_api_key") not in site
     env = router_host.file("/etc/vllm-router/router.env")
     assert env.user == "root" and env.group == "vllm-router" and env.mode == 0o640
-    inst = prefill_host.file("/etc/vllm/prefill-0.env")
-    assert inst.mode == 0o640 and f"VLLM_API_KEY={secret('instance_api_key')}" in inst.content_string
+    # The instance key: in the keys file the instances' middleware reads (0640 root:vllm), not in their env files.
+    keys = prefill_host.file("/etc/vllm/api-keys")
+    assert keys.user == "root" and keys.group == "vllm" and keys.mode == 0o640
+    assert [line for line in keys.content_string.splitlines() if line and not line.startswith("#")] == \
+        [secret("instance_api_key")]
+    assert secret("instance_api_key") not in prefill_host.file("/etc/vllm/prefill-0.env").content_string
 
 
 def test_front_refuses_requests_without_a_valid_key(front_url):

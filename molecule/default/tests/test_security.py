@@ -80,8 +80,10 @@ def test_a_check_diff_run_that_changes_every_key_shows_none(router_host):
                        ("vllm_router : Write how the front passes requests upstream (with the instances' key)", ROUTER),
                        ("vllm_router : Write the router's environment file (the key it presents to the instances)",
                         ROUTER),
-                       ("vllm_instance : Write each instance's environment file (secrets)", PREFILL),
-                       ("vllm_instance : Write each instance's environment file (secrets)", DECODE)):
+                       ("vllm_instance : Accept the instance key (first, beside the keys accepted now while a "
+                        "rotation runs)", PREFILL),
+                       ("vllm_instance : Accept the instance key (first, beside the keys accepted now while a "
+                        "rotation runs)", DECODE)):
         assert task_result(output, task, host) == "changed", (task, host, output[-3000:])
     # ...and showed no key, old or new.
     for name, key in (("new instance key", new_instance_key), ("new client key", new_client_key),

@@ -15,11 +15,14 @@ Rules
     * ``GET``/``HEAD /health`` passes without a key (load balancers, vllm-router's health checks,
       systemd waits); everything else, of every method (``OPTIONS`` too: nothing browses an
       instance), needs ``Authorization: Bearer <key>``.
-    * The keys are the instance's ``VLLM_API_KEY`` (the variable vLLM itself reads, which the
-      launcher sets from the EnvironmentFile). Each is compared in constant time
-      (``hmac.compare_digest``), against every key without stopping at the first match.
-    * No key configured: every route but ``/health`` is refused (closed, never open) and vLLM's log
-      says why once.
+    * The keys: the file ``INFEROPS_VLLM_API_KEYS_FILE`` names (one key a line; the launcher sets it from
+      ``server.api_keys_file``, which the vllm_instance role writes), re-read whenever it changes, so a key
+      rotation needs no restart: the role adds the new key beside the one the routers still present,
+      switches the routers, then drops the old one. Without that variable, the instance's ``VLLM_API_KEY``
+      (the variable vLLM itself reads). Each is compared in constant time (``hmac.compare_digest``),
+      against every key without stopping at the first match.
+    * No key configured, or a keys file that is missing, unreadable or empty: every route but ``/health``
+      is refused (closed, never open) and vLLM's log says why once per change.
     * A refused HTTP request gets 401 with ``WWW-Authenticate: Bearer`` and a fixed JSON body; a
       refused websocket is closed before it is accepted (the server answers the handshake 403).
       Lifespan events pass.
@@ -36,6 +39,7 @@ import logging
 import os
 
 KEY_VARIABLE = "VLLM_API_KEY"
+KEYS_FILE_VARIABLE = "INFEROPS_VLLM_API_KEYS_FILE"
 OPEN_PATHS = frozenset({"/health"})
 OPEN_METHODS = frozenset({"GET", "HEAD"})
 _UNAUTHORIZED = json.dumps(
@@ -52,6 +56,50 @@ def keys_from_environment(environ=None) -> list[bytes]:
     """The keys an instance accepts: its VLLM_API_KEY (empty or unset: none)."""
     value = (os.environ if environ is None else environ).get(KEY_VARIABLE, "")
     return [value.encode()] if value else []
+
+
+def parse_keys(data: bytes) -> list[bytes]:
+    """The keys of a keys file: one a line, surrounding white space and blank or ``#`` lines ignored."""
+    keys = []
+    for line in data.splitlines():
+        line = line.strip()
+        if line and not line.startswith(b"#") and line not in keys:
+            keys.append(line)
+    return keys
+
+
+class FileKeys:
+    """The keys of a file, read again whenever its identity, size or modification time changes (the role
+    replaces it by a rename: a request sees the old or the new list, never a half-written one). A missing,
+    unreadable or empty file means no key: every route but /health is refused."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp = None
+        self._keys: list[bytes] = []
+
+    def __call__(self) -> list[bytes]:
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError as exc:
+            stamp = ("missing", str(exc))
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                with open(self.path, "rb") as f:
+                    self._keys = parse_keys(f.read())
+            except OSError as exc:
+                self._keys = []
+                _log.error("inferops_vllm_auth: cannot read the keys file %s (%s): every route but /health is "
+                           "refused (401) until it can be read.", self.path, exc.strerror or exc)
+                return self._keys
+            if not self._keys:
+                _log.error("inferops_vllm_auth: the keys file %s holds no key: every route but /health is refused "
+                           "(401).", self.path)
+            else:
+                _log.info("inferops_vllm_auth: %d key(s) accepted, from %s.", len(self._keys), self.path)
+        return self._keys
 
 
 def _bearer(headers) -> bytes | None:
@@ -83,8 +131,15 @@ class InstanceKeyMiddleware:
 
     def __init__(self, app, keys=None) -> None:
         self.app = app
-        self.keys = list(keys) if keys is not None else keys_from_environment()
-        if not self.keys:
+        keys_file = os.environ.get(KEYS_FILE_VARIABLE, "") if keys is None else ""
+        if keys_file:
+            # Re-read at a request when the file changed: a rotation needs no restart.
+            self._keys = FileKeys(keys_file)
+            self._keys()  # read now: its log line says at start how many keys it holds
+            return
+        fixed = list(keys) if keys is not None else keys_from_environment()
+        self._keys = lambda: fixed
+        if not fixed:
             _log.error(
                 "inferops_vllm_auth: %s is empty or unset: every route but /health is refused (401). Set the "
                 "instance key (vllm_instance_api_key) or remove --middleware inferops_vllm_auth.InstanceKeyMiddleware.",
@@ -104,7 +159,8 @@ class InstanceKeyMiddleware:
         if kind not in ("http", "websocket") or self.is_open(scope):
             await self.app(scope, receive, send)
             return
-        if self.keys and authorized(scope.get("headers") or [], self.keys):
+        keys = self._keys()
+        if keys and authorized(scope.get("headers") or [], keys):
             await self.app(scope, receive, send)
             return
         if kind == "websocket":

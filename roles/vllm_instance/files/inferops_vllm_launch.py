@@ -51,6 +51,12 @@ table order, then ``extra.args`` verbatim)::
     server.api_key_env                names the variable holding the API key; it must be
                                       set and non-empty; its value is exported as
                                       VLLM_API_KEY.  Never on argv (no --api-key).
+    server.api_keys_file              an absolute path: the file of the keys the instance accepts, one a
+                                      line (0640 root:vllm, never world-readable; at least one key at
+                                      start).  Exported as INFEROPS_VLLM_API_KEYS_FILE for the middleware,
+                                      which re-reads it when it changes: a key rotation needs no restart.
+                                      VLLM_API_KEY is then not passed on (vLLM's own check would accept
+                                      that one key only).  Not with server.api_key_env.
     server.allowed_media_domains      --allowed-media-domains, last on argv: the hosts whose http(s) media
                                       URLs a multimodal request may make vLLM fetch (exact names).  Absent
                                       or [] = none (NO_MEDIA_DOMAIN, a name that never resolves: vLLM
@@ -210,6 +216,7 @@ MEDIA_DOMAIN_RE = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*")
 AUTH_MIDDLEWARE = "inferops_vllm_auth.InstanceKeyMiddleware"
 AUTH_MODULE_DIR = Path(__file__).resolve().parent
 API_KEY_VAR = "VLLM_API_KEY"  # the variable vLLM itself reads
+KEYS_FILE_VAR = "INFEROPS_VLLM_API_KEYS_FILE"  # the keys file the middleware reads (server.api_keys_file)
 REDACTED = "<redacted>"
 
 ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -251,6 +258,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "port": Key("int", flag="--port", minimum=1, maximum=65535),
         "served_model_name": Key("str", flag="--served-model-name"),
         "api_key_env": Key("env_name"),
+        "api_keys_file": Key("str"),
         "shutdown_timeout": Key("int", flag="--shutdown-timeout", minimum=0),
         "allowed_media_domains": Key("str_list", flag="--allowed-media-domains"),
     },
@@ -313,7 +321,8 @@ FLAG_SECTIONS = ("server", "model", "kv_cache", "scheduler")
 REJECTED_KEYS: dict[tuple[str, str], str] = {
     ("server", "api_key"): (
         "a literal API key is not allowed in the TOML (it would leak into logs and process listings); "
-        "put the key in the EnvironmentFile and name it with api_key_env"
+        "put the keys in a file named by api_keys_file (the vllm_instance role writes it), or the key in the "
+        "EnvironmentFile named by api_key_env"
     ),
     **{(section, key): why for key, (section, why) in VOCAB.REMOVED_SETTINGS.items()},
 }
@@ -321,14 +330,15 @@ REJECTED_KEYS: dict[tuple[str, str], str] = {
 # vLLM short aliases for flags the launcher owns.
 SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization"}
 _SECRET_FIX = (
-    "put it in the instance's EnvironmentFile instead (the vllm_instance role writes vllm_instance_api_key "
-    "there as VLLM_API_KEY; server.api_key_env names the variable)"
+    "put it in the instance's keys file instead (the vllm_instance role writes vllm_instance_api_key there; "
+    "server.api_keys_file names it), or in its EnvironmentFile named by server.api_key_env"
 )
 # Flags in extra.args that are always refused, with the reason / what to do instead.
 RESERVED_FLAGS = {
     "--api-key": (
-        "--api-key would put the API key on vLLM's command line (visible in ps and logs); put the key in the "
-        "EnvironmentFile and name it with server.api_key_env (the vllm_instance role: set vllm_instance_api_key)"
+        "--api-key would put the API key on vLLM's command line (visible in ps and logs); name a keys file with "
+        "server.api_keys_file, or put the key in the EnvironmentFile and name it with server.api_key_env (the "
+        "vllm_instance role: set vllm_instance_api_key)"
     ),
     "--hf-token": (
         "--hf-token would put the Hugging Face token on vLLM's command line (visible in ps and logs); "
@@ -361,7 +371,7 @@ def _flag_owners() -> dict[str, str]:
 
 def _env_owners() -> dict[str, str]:
     """Map every environment variable the launcher sets to the TOML key that sets it."""
-    owners = {API_KEY_VAR: "server.api_key_env"}
+    owners = {API_KEY_VAR: "server.api_key_env", KEYS_FILE_VAR: "server.api_keys_file"}
     for section, keys in SCHEMA.items():
         for key, spec in keys.items():
             if spec.env:
@@ -744,6 +754,10 @@ def _check_cross(
                 "port, path or wildcard)"
             )
 
+    keys_file = good.get("server", {}).get("api_keys_file")
+    if keys_file is not None:
+        problems.extend(_check_keys_file(keys_file, good.get("server", {}), environ))
+
     api_key_env = good.get("server", {}).get("api_key_env")
     if api_key_env is not None:
         env_table = raw.get("environment", {})
@@ -759,6 +773,32 @@ def _check_cross(
                 "or remove server.api_key_env to run without an API key"
             )
     return problems
+
+
+def _check_keys_file(keys_file: str, server: Mapping[str, Any], environ: Mapping[str, str] | None) -> list[str]:
+    """server.api_keys_file: an absolute path, alone (not with api_key_env); at start (environ given) a file that
+    is not world-readable and holds at least one key."""
+    if "api_key_env" in server:
+        return ["server.api_keys_file and server.api_key_env: name the keys one way only; api_keys_file (a file the "
+                "instance re-reads, for rotations without a restart) replaces api_key_env"]
+    if not keys_file.startswith("/"):
+        return [f"server.api_keys_file: {json.dumps(keys_file)} is not an absolute path"]
+    if environ is None:  # --check: the file may not be written yet; its content is checked at start
+        return []
+    try:
+        mode = os.stat(keys_file).st_mode
+        with open(keys_file, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return [f"server.api_keys_file: cannot read {keys_file}: {exc.strerror or exc}; the vllm_instance role "
+                "writes it from vllm_instance_api_key (0640 root:vllm)"]
+    if mode & 0o007:
+        return [f"server.api_keys_file: {keys_file} is readable by every user (mode {mode & 0o777:04o}): "
+                "chmod 0640 it (owner root, group of the vLLM user)"]
+    if not any(line.strip() and not line.strip().startswith(b"#") for line in data.splitlines()):
+        return [f"server.api_keys_file: {keys_file} holds no key: write the instance key in it (one a line), or "
+                "remove server.api_keys_file to run without a key"]
+    return []
 
 
 def validate(config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
@@ -857,6 +897,8 @@ def _build_env(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> 
     api_key_env = config["server"].get("api_key_env")
     if api_key_env:
         env[API_KEY_VAR] = (environ or {}).get(api_key_env, "")
+    if config["server"].get("api_keys_file"):
+        env[KEYS_FILE_VAR] = config["server"]["api_keys_file"]
     pd = config.get("pd_disaggregation", {})
     for section in ("pd_disaggregation", "cpu", "devices", "kv_fabric"):
         if section == "pd_disaggregation" and not pd.get("enabled"):
@@ -894,7 +936,7 @@ def build(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> tuple
     if config["server"].get("allowed_media_domains"):
         # vLLM follows redirects of a media URL by default: an allowed host could send it to an internal one.
         env.setdefault("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
-    if config["server"].get("api_key_env"):
+    if _has_key(config):
         env["PYTHONPATH"] = os.pathsep.join(
             [str(AUTH_MODULE_DIR), *filter(None, [env.get("PYTHONPATH", (environ or {}).get("PYTHONPATH", ""))])]
         )
@@ -907,9 +949,14 @@ def _security_flags(config: Mapping[str, Any]) -> list[str]:
     requires it on every route but /health."""
     domains = config["server"].get("allowed_media_domains") or [NO_MEDIA_DOMAIN]
     args = ["--allowed-media-domains", *domains]
-    if config["server"].get("api_key_env"):
+    if _has_key(config):
         args += ["--middleware", AUTH_MIDDLEWARE]
     return args
+
+
+def _has_key(config: Mapping[str, Any]) -> bool:
+    """Whether the instance requires a key (the middleware and its module's directory on PYTHONPATH)."""
+    return bool(config["server"].get("api_key_env") or config["server"].get("api_keys_file"))
 
 
 # --------------------------------------------------------------------------- command line
@@ -919,7 +966,7 @@ def loggable(name: str, value: str, api_key_env: str | None = None) -> bool:
     """Whether the log may show this variable's value: a known-safe name, and no URL credentials."""
     if name in (API_KEY_VAR, api_key_env) or URL_CREDENTIALS_RE.search(value):
         return False
-    if name in SAFE_ENV_NAMES:
+    if name in SAFE_ENV_NAMES or name == KEYS_FILE_VAR:  # the keys file's path, not a key
         return True
     return name.startswith(SAFE_ENV_PREFIXES) and not SECRET_NAME_RE.search(name)
 
@@ -990,7 +1037,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        return supervise(str(vllm_bin), exec_argv, {**environ, **env})
+        child_env = {**environ, **env}
+        if config["server"].get("api_keys_file"):
+            # vLLM's own check would accept this one key only (and refuse the others of a rotation): the middleware
+            # alone checks keys, from the file.
+            child_env.pop(API_KEY_VAR, None)
+        return supervise(str(vllm_bin), exec_argv, child_env)
     except OSError as exc:
         print(
             f"{PROG}: cannot exec {vllm_bin}: {exc.strerror or exc}; install vLLM into this venv or pass --vllm-bin",
