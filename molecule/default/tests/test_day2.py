@@ -194,10 +194,12 @@ def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_rotates_th
         assert accepted_keys(host) == [new_key], host
     assert instance_status(prefill_url, old_key) == 401 and instance_status(prefill_url, new_key) == 200
     assert old_key not in output and new_key not in output
-    assert "the instances accept vllm_instance_api_key only (the 1 key(s) of before the rotation" in output
+    said = " ".join(output.split())  # the YAML callback folds long messages
+    assert "the instances accept vllm_instance_api_key only (the 1 key(s) of before the rotation" in said
     # Its proof (verify.yml, the run's last part) names the KV transport the sandbox declares (tcp) and judges the
     # NIXL throughput against tcp's floor (vllm_verify_min_kv_throughput_mib_s).
-    found = re.search(r"KV transport: tcp, throughput ([0-9.]+) MiB/s, floor ([0-9.]+) MiB/s: OK\.", output)
+    found = re.search(r"KV transport: tcp, throughput ([0-9.]+) MiB/s, floor ([0-9.]+) MiB/s: OK\.",
+                      " ".join(output.split()))
     assert found and float(found.group(1)) >= float(found.group(2)) > 0, output[-4000:]
     with open(os.path.join(cloud_dir, FALLBACKS_DEPLOYED), "w") as f:
         f.write(inventory + "\n")
