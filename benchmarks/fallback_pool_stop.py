@@ -130,7 +130,10 @@ def fallback_counts() -> float:
 
 
 def cloud_requests() -> float:
-    with urllib.request.urlopen(f"http://{CLOUD_ADDRESS}:8100/metrics", timeout=30) as resp:
+    # The cloud's vLLM wants its key on /metrics too (roles/vllm_instance's inferops_vllm_auth.py, issue #25).
+    key = (secrets_dir() / "fallback-cloud" / "api_key").read_text().split()[0]
+    req = urllib.request.Request(f"http://{CLOUD_ADDRESS}:8100/metrics", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
         text = resp.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:request_success_total{"))

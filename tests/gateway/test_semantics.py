@@ -479,6 +479,23 @@ def main():
     st = os.stat("/etc/nginx/inferops-vllm-fallback-0.conf")
     check("key file is 0600 root", (st.st_mode & 0o777) == 0o600 and st.st_uid == 0, oct(st.st_mode & 0o777))
 
+    # 17. Failed-key attempts per client address (issue #25; 60 a minute, burst 20): 401 with its
+    # WWW-Authenticate, then 429 for the address; a valid key from the same address is still served.
+    mode("local", "ok")
+    answers = [post(chat(), key=f"wrong-key-{i:04d}-abcdefgh") for i in range(30)]
+    codes = [a[0] for a in answers]
+    first = answers[0]
+    check("a wrong key: 401 JSON with WWW-Authenticate (answered after the per-address count)",
+          first[0] == 401 and first[1].get("www-authenticate", "").startswith("Bearer")
+          and json.loads(first[2])["error"]["code"] == "invalid_api_key", f"{first[0]} {first[1]}")
+    limited = [a for a in answers if a[0] == 429]
+    check("30 wrong keys at once from one address: the burst gets 401, the rest 429 too_many_failed_keys",
+          18 <= codes.count(401) <= 23 and codes.count(401) + len(limited) == 30 and limited
+          and json.loads(limited[0][2])["error"]["code"] == "too_many_failed_keys"
+          and limited[0][1].get("retry-after") == "60", f"401={codes.count(401)} 429={len(limited)}")
+    s, h, b, _unused = post(chat())
+    check("the same address with a valid key is still served (valid keys are not counted)", s == 200, str(s))
+
     reset()
     passed = sum(1 for _unused, ok in RESULTS if ok)
     print(f"{passed} passed, {len(RESULTS) - passed} failed")

@@ -105,7 +105,9 @@ def test_the_front_falls_back_from_the_generation_routes_only(runs):
         assert "recursive_error_pages on;" in loc and "proxy_intercept_errors on;" in loc
         assert "add_header X-Inferops-Served-By local always;" in loc
     for route in ("/v1/models", "/tokenize", "/detokenize"):
-        assert "error_page" not in _location(site, f"= {route}")
+        # Only the failed-key redirect (issue #25), never a fallback.
+        assert "@inferops_vllm_fallback" not in _location(site, f"= {route}")
+        assert "error_page 418 = @inferops_vllm_unauthorized;" in _location(site, f"= {route}")
     # njs only on the fallback path, one body variable per endpoint, the body in memory.
     assert "js_import inferops from inferops-vllm-fallback.js;" in site
     assert "js_set $inferops_fallback_body_0 inferops.fallbackBody;" in site
@@ -189,8 +191,13 @@ def test_without_fallbacks_the_front_is_as_before(runs):
     run, out = runs["none"]
     _ok(run)
     site = (out / "inferops-vllm.conf").read_text()
-    for absent in ("js_set", "js_var", "resolver", "fallback_", "X-Inferops-Served-By", "recursive_error_pages"):
+    for absent in ("js_set", "js_var", "resolver", "fallback_", "X-Inferops-Served-By"):
         assert absent not in site, absent
+    # Failed keys counted per address (vllm_router_front_failed_key_rate): through @inferops_vllm_unauthorized.
+    assert "limit_req_zone $inferops_vllm_failed_key_addr zone=inferops_vllm_failed_keys:10m rate=60r/m;" in site
+    unauthorized = _location(site, "@inferops_vllm_unauthorized")
+    assert "limit_req zone=inferops_vllm_failed_keys burst=20 nodelay;" in unauthorized
+    assert "try_files /inferops-vllm-no-such-file =401;" in unauthorized
     # vllm_router_front_hide_internals (default true): njs filters the answers of every route, nothing else.
     assert "js_import inferops from inferops-vllm-fallback.js;" in site
     for route in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize"):

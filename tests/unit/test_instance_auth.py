@@ -158,7 +158,7 @@ def test_without_any_key_configured_everything_but_health_is_refused(caplog):
 
 def test_keys_come_from_vllm_api_key(monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", KEY)
-    app = lambda inner: auth.InstanceKeyMiddleware(inner)  # noqa: E731 - as vLLM builds it: no arguments
+    app = auth.InstanceKeyMiddleware  # as vLLM builds it: the class called with the app alone
     assert call(app, "/tokenize", "POST", bearer(KEY))[0] == 200
     assert call(app, "/tokenize", "POST")[0] == 401
     assert auth.keys_from_environment({"VLLM_API_KEY": ""}) == []

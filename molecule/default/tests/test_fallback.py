@@ -234,6 +234,23 @@ def test_with_decode_stopped_the_same_calls_succeed_from_the_cloud(cloud, front_
     assert cloud["key"] not in logs
 
 
+def test_with_decode_stopped_only_mapped_models_reach_the_cloud_and_no_query_string(cloud, front_url):
+    """Issue #25: a model the endpoint does not map gets vLLM's 404 shape and costs nothing; a query string
+    never reaches the cloud; the cloud's own headers pass by an allow-list; the answer's id is the cloud's."""
+    key = secret("client_api_key")
+    before_cloud = cloud_requests()
+    body = _chat(front_url)
+    body["model"] = "gpt-4o-not-served-here"
+    status, headers, answer = _call(f"{front_url}/v1/chat/completions", body, key)
+    assert status == 404, answer[:500]
+    error = json.loads(answer)["error"]
+    assert error["type"] == "NotFoundError" and error["code"] == 404 and "gpt-4o-not-served-here" in error["message"]
+    status, headers, answer = _call(f"{front_url}/v1/chat/completions?api-version=1&debug=1", _chat(front_url), key)
+    assert status == 200 and headers.get(SERVED_BY) == "fallback", answer[:500]
+    assert not [h for h in headers if h.lower().startswith(("x-ratelimit", "openai-", "set-cookie", "x-request-id"))]
+    _wait("the cloud's counter to count one request", lambda: cloud_requests() == before_cloud + 1, timeout=30)
+
+
 def prometheus(path: str) -> dict:
     """The router host's Prometheus API (it listens on the host's loopback)."""
     return json.loads(_podman_exec(ROUTER, "python3 -c \"import urllib.request; print(urllib.request.urlopen("

@@ -103,8 +103,8 @@ OPEN = {("GET", "/health"), ("HEAD", "/health")}
 
 
 def _status(url: str, method: str, headers: dict | None = None, body: bytes | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json",
-                                                                        **(headers or {})})
+    all_headers = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url, data=body, method=method, headers=all_headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, resp.read()

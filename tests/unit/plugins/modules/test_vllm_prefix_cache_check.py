@@ -205,3 +205,26 @@ def test_bad_arguments_are_refused_before_any_request(deployment):
     result = run(args(prefill, decode, front, url="ftp://x", prompt_tokens=1), expect="fail")
     assert "url 'ftp://x' is not an http:// or https:// URL" in result["msg"]
     assert "prompt_tokens must be 2 or more" in result["msg"] and front.chats == []
+
+
+INSTANCE_KEY = "sk-instance-prefix-0123456789"
+
+
+def test_the_instance_key_goes_to_the_instances_metrics_and_the_client_key_never(deployment):
+    """Issue #25: the instances require their key on /metrics; the module sends instance_api_key there, and
+    the front's client key only to the front."""
+    prefill, decode, make = deployment
+    prefill.key = decode.key = INSTANCE_KEY  # the fakes now refuse /metrics without it
+    front = make()
+    result = run(args(prefill, decode, front, instance_api_key=INSTANCE_KEY, send_requests=False))
+    assert INSTANCE_KEY not in json.dumps(result, default=str)
+    for server in (prefill, decode):
+        seen = [(path, auth) for _method, path, auth in server.requests if path == "/metrics"]
+        assert seen and all(auth == f"Bearer {INSTANCE_KEY}" for _path, auth in seen), seen
+
+
+def test_without_the_instance_key_the_module_says_the_instances_want_one(deployment):
+    prefill, decode, make = deployment
+    prefill.key = decode.key = INSTANCE_KEY
+    result = run(args(prefill, decode, make(), send_requests=False), expect="fail")
+    assert "401" in result["msg"] and "none was sent" in result["msg"], result["msg"]
