@@ -39,6 +39,7 @@ from conftest import (
     container_ip,
     deploy_playbook,
     front_ca,
+    journal_tail,
     secret,
 )
 
@@ -60,6 +61,9 @@ POOL = ["decode-0", "decode-2"]  # the decode pool after the day-2 run
 # The load covers an operation when no stretch of it went without a request sent for this long: at 0.5
 # requests/s with at most 4 in flight, a gap this long means every slot hung on a stalled pool.
 MAX_GAP = 20
+# A stop of an instance with nothing running must not hang: vLLM exits in about a second, the launcher reaps what
+# it leaves behind (the unit's TimeoutStopSec is the drain plus 15 s).
+STOP_BOUND_SECONDS = 25
 HEALTH_8200 = "python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8200/health', timeout=5)\""
 
 
@@ -214,8 +218,15 @@ def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_rotates_th
     decode_1 = f"http://{container_ip(DECODE)}:8201"
     assert "Left the inventory and taken out of" in output and decode_1 in output, output[-3000:]
     assert output.index("Left the inventory and taken out of") < output.index("TASK [inferops.vllm.vllm_instance")
-    assert not decode_host.service("vllm@decode-1").is_running
     assert not decode_host.file("/etc/vllm/decode-1.toml").exists
+    # Its stop was bounded (drained out of rotation first, nothing to wait for), clean and left no process.
+    shown = dict(line.split("=", 1) for line in decode_host.check_output(
+        "systemctl show -p ActiveState -p Result -p ActiveExitTimestampMonotonic -p InactiveEnterTimestampMonotonic "
+        "vllm@decode-1.service").splitlines())
+    assert shown["ActiveState"] == "inactive" and shown["Result"] == "success", shown
+    stop_seconds = (int(shown["InactiveEnterTimestampMonotonic"]) - int(shown["ActiveExitTimestampMonotonic"])) / 1e6
+    assert 0 <= stop_seconds < STOP_BOUND_SECONDS, (stop_seconds, journal_tail(decode_host, "vllm@decode-1"))
+    assert not decode_host.run("ps -eo unit= | grep -Fx vllm@decode-1.service").stdout.strip()
     # Both router replicas count decode-0 and decode-2 healthy, and no longer know decode-1.
     urls = {f"http://{container_ip(DECODE)}:{port}" for port in (8200, 8202)}
     for workers in router_workers(router_host):
