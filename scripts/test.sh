@@ -28,7 +28,7 @@ usage() {
   cat <<EOF
 usage: bash scripts/test.sh [--only STAGE[,STAGE...]] [--skip STAGE|FILE[,...]] [--list]
 
-stages (all by default, in this order; driver and gateway run in the background beside unit):
+stages (all by default; sanity, driver and gateway run in the background beside lint, build and unit):
   lint      yamllint --strict, ansible-lint (production profile), ruff, shellcheck
   sanity    ansible-test sanity on the collection's plugins
   build     the collection artifact built and installed; ansible-doc of every module, filter and role;
@@ -68,7 +68,7 @@ main() {
   stages="${stages# }"
   has() { [[ " $stages " == *" $1 "* ]]; }
 
-  local start out inv role bin t0 times=() bg_pid="" bg_log="" bg_rc=0 bg_times=""
+  local start bin t0 times=()
   start=$(date +%s)
   stage() { printf '\n\033[1m== %s\033[0m (t+%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
   # timed NAME COMMAND...: runs a stage's command and records its time for the table at the end.
@@ -98,58 +98,52 @@ main() {
   export INFEROPS_TEST_LOG_DIR
   INFEROPS_TEST_LOG_DIR="$(mktemp -d /tmp/inferops-test-logs.XXXXXX)"
 
+  # Background stages: ansible-test sanity (one core most of its time), the driver scenario (apt and podman
+  # exec, little CPU) and the gateway checks (one nginx container) run beside lint, build and the unit stage,
+  # each into a log shown when they have all ended, and before the default scenario creates its network (two
+  # networks created at once could pick the same bridge).
+  local bg_dir bg_pids=()
+  bg_dir="$(mktemp -d)"
+  background() {  # background NAME COMMAND...: run it, keep its output, its time and its exit status
+    local name="$1"; shift
+    ( t=$(date +%s); "$@" >"$bg_dir/$name.log" 2>&1; r=$?
+      echo "$name (in the background)|$(( $(date +%s) - t ))|$r" >"$bg_dir/$name.time"; exit $r ) &
+    bg_pids+=($!)
+    stage "started in the background: $name"
+  }
+  if has sanity; then background sanity "$REPO_ROOT/scripts/sanity.sh"; fi
+  if has driver; then background driver molecule test -s nvidia_driver; fi
+  if has gateway; then background gateway bash tests/gateway/run.sh; fi
+
+  local fg_rc=0
   if has lint; then
     stage "lint: yamllint, ansible-lint (production profile), ruff, shellcheck"
-    timed lint lint_all || return 1
+    timed lint lint_all || fg_rc=1
   fi
-  if has sanity; then
-    stage "ansible-test sanity"
-    timed sanity "$REPO_ROOT/scripts/sanity.sh" || return 1
-  fi
-  if has build; then
+  if has build && [ "$fg_rc" -eq 0 ]; then
     stage "collection: build and install the artifact, docs render, playbooks and inventories parse"
-    timed build build_all || return 1
+    timed build build_all || fg_rc=1
   fi
-
-  # The driver scenario (apt and podman exec, little CPU) and the gateway checks (one nginx container)
-  # run in the background beside the unit stage, into a log shown when they end, before the default
-  # scenario creates its network (two networks created at once could pick the same bridge).
-  if has driver || has gateway; then
-    bg_log="$(mktemp)"; bg_times="$(mktemp)"
-    stage "background:$(has driver && echo ' molecule test -s nvidia_driver')$(has gateway && echo ' tests/gateway/run.sh') (started; output shown after the unit stage)"
-    (
-      set +e
-      rc=0
-      if has driver; then
-        t=$(date +%s); molecule test -s nvidia_driver; r=$?; [ $r -eq 0 ] || rc=$r
-        echo "driver (molecule test -s nvidia_driver, in the background)|$(( $(date +%s) - t ))|$r" >>"$bg_times"
-      fi
-      if has gateway; then
-        echo "== tests/gateway/run.sh"
-        t=$(date +%s); bash tests/gateway/run.sh; r=$?; [ $r -eq 0 ] || rc=$r
-        echo "gateway (tests/gateway/run.sh, in the background)|$(( $(date +%s) - t ))|$r" >>"$bg_times"
-      fi
-      exit $rc
-    ) >"$bg_log" 2>&1 &
-    bg_pid=$!
-  fi
-  local unit_rc=0
-  if has unit; then
+  if has unit && [ "$fg_rc" -eq 0 ]; then
     stage "unit tests (pytest-xdist, 2 workers)"
-    timed unit pytest -q -n 2 --durations=15 tests/unit || unit_rc=1
+    timed unit pytest -q -n 2 --durations=15 tests/unit || fg_rc=1
   fi
-  if [ -n "$bg_pid" ]; then
+  local bg_rc=0 pid name
+  if [ ${#bg_pids[@]} -gt 0 ]; then
     t0=$(date +%s)
-    wait "$bg_pid" || bg_rc=$?
-    times+=("(waiting for the background stages after unit)|$(( $(date +%s) - t0 ))|0")
-    stage "background stages: their output"
-    cat "$bg_log"; rm -f "$bg_log"
-    while IFS= read -r s; do times+=("$s"); done <"$bg_times"; rm -f "$bg_times"
+    for pid in "${bg_pids[@]}"; do wait "$pid" || bg_rc=1; done
+    times+=("(waiting for the background stages)|$(( $(date +%s) - t0 ))|0")
+    for name in sanity driver gateway; do
+      [ -f "$bg_dir/$name.log" ] || continue
+      stage "$name (ran in the background): its output"
+      cat "$bg_dir/$name.log"
+      [ -f "$bg_dir/$name.time" ] && times+=("$(cat "$bg_dir/$name.time")")
+    done
   fi
-  if [ "$unit_rc" -ne 0 ] || [ "$bg_rc" -ne 0 ]; then
+  rm -rf "$bg_dir"
+  if [ "$fg_rc" -ne 0 ] || [ "$bg_rc" -ne 0 ]; then
     report_times
-    [ "$unit_rc" -eq 0 ] || echo "the unit tests failed" >&2
-    [ "$bg_rc" -eq 0 ] || echo "molecule test -s nvidia_driver or tests/gateway/run.sh failed (rc=$bg_rc): output above" >&2
+    echo "failed: see the FAILED rows above (a background stage's output is shown above its row)" >&2
     return 1
   fi
 
