@@ -61,3 +61,19 @@ def test_extra_routes_refuse_a_bad_path_or_method(tmp_path, route):
     output = run.stdout + run.stderr
     assert run.returncode != 0, output[-3000:]
     assert "vllm_router_front_extra_routes a list of" in output, output[-3000:]
+
+
+def test_every_route_answers_its_per_key_limit_with_retry_after(tmp_path):
+    """nginx drops the server's error_page directives in a location that has one of its own (the failed-key
+    limit's): each route must name the per-key limit's 429 page again, or a client over its limit gets a 429
+    without Retry-After (seen in molecule)."""
+    run = _render(tmp_path, PLAIN)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    site = (tmp_path / "router-1" / "inferops-vllm.conf").read_text()
+    assert "location @inferops_vllm_limited {\n        add_header Retry-After 1 always;" in site
+    routes = re.findall(r"location = (/\S+) \{", site)
+    assert "/v1/completions" in routes
+    for route in routes:
+        block = _location(site, f"= {route}")
+        if "error_page" in block and route != "/health":
+            assert "error_page 429 @inferops_vllm_limited;" in block, block

@@ -48,7 +48,9 @@ def test_process_runs_as_vllm_user_without_key_in_argv(request, host_fixture, na
     assert host.check_output(f"ps -o user= -p {children[0]}") == "vllm"
     argv = host.file(f"/proc/{children[0]}/cmdline").content_string.split("\0")
     # The venv's python running the venv's `vllm serve` entry point, with this instance's port.
-    assert argv[0].startswith("/opt/vllm/venv/bin/python") and argv[1:3] == ["/opt/vllm/venv/bin/vllm", "serve"], argv
+    # (the interpreter is the one of the versioned venv the /opt/vllm/venv link points at: python_venv)
+    assert re.fullmatch(r"/opt/vllm/venv(\.d/[0-9a-f]+)?/bin/python3(\.\d+)?", argv[0]), argv
+    assert argv[1:3] == ["/opt/vllm/venv/bin/vllm", "serve"], argv
     assert argv[argv.index("--port") + 1] == str(port), argv
     assert "--api-key" not in argv and "--api-key" not in launcher
     assert "--kv-transfer-config" in argv

@@ -243,6 +243,24 @@ FIREWALL_ONLY = """---
       ansible.builtin.setup:
         gather_subset: [min, network]
 
+- name: Publish the instances, whose ports the rules open
+  hosts: prefill:decode
+  gather_facts: false
+  tasks:
+    - name: Publish each host's instances
+      ansible.builtin.include_role:
+        name: inferops.vllm.vllm_instance
+        tasks_from: preflight
+
+- name: Publish the router replicas (as playbooks/monitoring.yml does before the firewall)
+  hosts: router
+  gather_facts: false
+  tasks:
+    - name: Publish each router host's replicas
+      ansible.builtin.include_role:
+        name: inferops.vllm.vllm_router
+        tasks_from: publish
+
 - name: The vllm_firewall role alone on the decode host
   hosts: decode
   gather_facts: false

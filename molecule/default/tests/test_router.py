@@ -67,7 +67,7 @@ def client(front_url):
                          http_client=http_client)
 
 
-def test_router_units_and_sockets(router_host):
+def test_router_units_and_sockets(router_host, prefill_url, decode_urls):
     # Two vllm-router replicas (the role's default) behind nginx.
     for unit in ("vllm-router@0", "vllm-router@1", "nginx"):
         svc = router_host.service(unit)
@@ -91,7 +91,10 @@ def test_router_units_and_sockets(router_host):
     # vllm-router renames its process (setproctitle): read the command line systemd runs.
     unit = router_host.file("/etc/systemd/system/vllm-router@.service").content_string
     assert "--vllm-pd-disaggregation" in unit and "--kv-connector nixl" in unit
-    assert unit.count("--prefill http://") == 1 and unit.count("--decode http://") == 1
+    # Every instance of the inventory, each once: the prefill and both decode instances of converge.
+    assert unit.count("--prefill http://") == 1 and f"--prefill {prefill_url} none" in unit
+    assert unit.count("--decode http://") == len(decode_urls) == 2
+    assert all(f"--decode {url} " in unit for url in decode_urls.values()), unit
     assert all(secret(name) not in unit for name in ("client_api_key", "instance_api_key"))
     assert "--api-key" not in unit
 
