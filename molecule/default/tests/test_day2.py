@@ -217,7 +217,8 @@ def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_rotates_th
     # decode-1: out of the routers first, then stopped and its files gone.
     decode_1 = f"http://{container_ip(DECODE)}:8201"
     assert "Left the inventory and taken out of" in output and decode_1 in output, output[-3000:]
-    assert output.index("Left the inventory and taken out of") < output.index("TASK [inferops.vllm.vllm_instance")
+    assert output.index("Left the inventory and taken out of") < \
+        output.index("TASK [inferops.vllm.vllm_instance : Stop and disable instances no longer in the inventory]")
     assert not decode_host.file("/etc/vllm/decode-1.toml").exists
     # Its stop was bounded (drained out of rotation first, nothing to wait for), clean and left no process.
     shown = dict(line.split("=", 1) for line in decode_host.check_output(
