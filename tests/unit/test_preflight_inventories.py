@@ -189,7 +189,8 @@ def test_launcher_refusals_and_bad_keys_stop_the_preflight_without_showing_them(
         r"\[launcher\] prefill-1/prefill-0: vllm_instance_instances\[prefill-0\]\.overrides\.extra_args: the launcher "
         r"on the host would refuse the instance's extra\.args\[0\]: \"--hf-token\" is not allowed",
         r"\[launcher\] decode-1/decode-0: vllm_instance_extra_args: the launcher on the host would refuse the "
-        r"instance's extra\.args\[2\]: \"--api-key\" is not allowed: .* Fix: put the key in the EnvironmentFile",
+        r"instance's extra\.args\[2\]: \"--api-key\" is not allowed: .* Fix: name a keys file with "
+        r"server\.api_keys_file",
         r"\[secrets\] prefill-1, decode-1: vllm_instance_api_key: is not a usable key \(not shown\)",
         r"\[secrets\] router-1: vllm_router_api_keys: 1 of its keys is not usable \(not shown\)",
     ):

@@ -44,7 +44,7 @@ def test_extra_routes_open_exactly_the_listed_routes_to_key_holders(tmp_path):
     block = _location(site, "= /v1/embeddings")
     # Its methods only (405 with Allow otherwise), a key required (401), and passed to the router replicas.
     assert "if ($request_method !~ ^(POST)$)" in block and 'add_header Allow "POST" always;' in block
-    assert 'if ($inferops_vllm_client = "")' in block and "return 401" in block
+    assert 'if ($inferops_vllm_client = "")' in block and "error_page 418 = @inferops_vllm_unauthorized;" in block
     assert "include /etc/nginx/inferops-vllm-proxy.conf;" in block
     # The same checks as an OpenAI route of the front.
     completions = _location(site, "= /v1/completions")

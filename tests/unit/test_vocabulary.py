@@ -97,7 +97,7 @@ def test_preflight_and_launcher_accept_the_same_values(host_launcher, name, sett
 
 def test_the_launcher_on_a_host_reads_the_vocabulary_beside_it(host_launcher):
     for name in ("DTYPES", "KV_CACHE_DTYPES", "BLOCK_SIZES", "QUANTIZATION_METHODS", "KV_BUFFER_DEVICES",
-                 "KV_LOAD_FAILURE_POLICIES", "KV_TRANSFER_BACKENDS", "PD_ROLES"):
+                 "KV_LOAD_FAILURE_POLICIES", "KV_TRANSFER_BACKENDS", "PD_ROLES", "KV_TRANSPORTS"):
         assert getattr(host_launcher.VOCAB, name) == getattr(vocab, name), name
     choices = {(section, key): spec.choices for section, keys in host_launcher.SCHEMA.items()
                for key, spec in keys.items() if spec.choices}
@@ -108,6 +108,7 @@ def test_the_launcher_on_a_host_reads_the_vocabulary_beside_it(host_launcher):
         ("pd_disaggregation", "kv_transfer_backend"): tuple(vocab.KV_TRANSFER_BACKENDS),
         ("pd_disaggregation", "kv_buffer_device"): vocab.KV_BUFFER_DEVICES,
         ("pd_disaggregation", "kv_load_failure_policy"): vocab.KV_LOAD_FAILURE_POLICIES,
+        ("kv_fabric", "transport"): vocab.KV_TRANSPORTS,
     }
 
 
