@@ -1134,7 +1134,7 @@ def _check_instance_keys(rep: _Report, inv: _Inventory) -> None:
         if state == "set" and not valid_api_key(key, allow_empty=True):
             rep.add("secrets", host, "vllm_instance_api_key",
                     f"is not a usable key (not shown): it must be empty (no key) or {API_KEY_RULE}; it is written into "
-                    "the instances' EnvironmentFile and the router's nginx configuration, where other characters "
+                    "the instances' keys file and the router's nginx configuration, where other characters "
                     "(a newline, a quote, a space) would break or inject into them.",
                     "generate one, e.g. `openssl rand -hex 32`, and keep it in Ansible Vault.")
 
