@@ -72,7 +72,7 @@ def test_the_kv_throughput_floors_of_the_proof_and_the_alert_are_the_same():
         return yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text(encoding="utf-8"))[name]
 
     assert floors("vllm_verify", "vllm_verify_min_kv_throughput_mib_s") == floors(
-        "vllm_monitoring", "vllm_monitoring_kv_throughput_min_mib_s") == {"tcp": 1, "rdma": 100}
+        "vllm_monitoring", "vllm_monitoring_kv_throughput_min_mib_s") == {"tcp": 10, "rdma": 100}
 
 
 def test_no_copy_of_another_roles_default_is_left():
