@@ -106,7 +106,8 @@ main() {
   bg_dir="$(mktemp -d)"
   background() {  # background NAME COMMAND...: run it, keep its output, its time and its exit status
     local name="$1"; shift
-    ( t=$(date +%s); "$@" >"$bg_dir/$name.log" 2>&1; r=$?
+    # (set -e is on: the exit status is taken with || so that a failure still writes its row)
+    ( t=$(date +%s); r=0; "$@" >"$bg_dir/$name.log" 2>&1 || r=$?
       echo "$name (in the background)|$(( $(date +%s) - t ))|$r" >"$bg_dir/$name.time"; exit $r ) &
     bg_pids+=($!)
     stage "started in the background: $name"

@@ -1800,8 +1800,8 @@ def keys_file(tmp_path):
     return path
 
 
-def test_api_keys_file_is_exported_for_the_middleware_and_vllm_gets_no_key(keys_file, write_toml, fake_exec,
-                                                                          monkeypatch, capsys):
+def test_api_keys_file_is_exported_for_the_middleware_and_vllm_gets_no_key(
+        keys_file, write_toml, fake_exec, monkeypatch, capsys):
     """The middleware reads the file (and again when it changes); vLLM's own check, which would take one key
     only, gets none: VLLM_API_KEY inherited from the unit's environment is not passed on."""
     monkeypatch.setenv("VLLM_API_KEY", "sk-stale-inherited")

@@ -151,7 +151,7 @@ def rotate_instance_key() -> str:
     site would put a new one in its vault); returns the old one."""
     path = os.path.join(os.environ["INFEROPS_SECRETS_DIR"], "instance_api_key")
     old = secret("instance_api_key")
-    new = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(40))
+    new = "".join(secrets.choice(string.ascii_letters + string.digits) for _position in range(40))
     with open(path + ".tmp", "w") as f:
         os.fchmod(f.fileno(), 0o600)
         f.write(new + "\n")

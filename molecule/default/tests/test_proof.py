@@ -91,4 +91,3 @@ def test_a_partial_handoff_fails_the_proof(vllm_metrics, front_url, prefill_url,
     assert not evaluation["handoff_proven"], evaluation
     assert 0 < evaluation["kv_tokens_transferred"] < handed + direct - 1, evaluation
     assert evaluation["nixl_transfers"] >= 1
-

@@ -45,7 +45,7 @@ def task_result(output: str, task: str, host: str) -> str | None:
     A looped task counts as changed when any item changed."""
     results = set()
     for block in output.split("\nTASK [inferops.vllm.")[1:]:
-        header, _, body = block.partition("\n")
+        header, _newline, body = block.partition("\n")
         if header.startswith(task + "]"):
             results |= set(re.findall(rf"^(\w+): \[{re.escape(host)}\]", body, re.M))
     return "changed" if "changed" in results else (min(results) if results else None)
