@@ -15,6 +15,7 @@ from ansible_collections.inferops.vllm.tests.unit.fabric_support import layouts,
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
     assert_documented_as_specified,
     assert_no_globals_besides_documentation,
+    captured_module_arguments,
     run_module,
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
@@ -127,18 +128,7 @@ def test_check_mode_reads_the_same(tmp_path):
 
 def test_documentation_matches_argument_spec(monkeypatch):
     yaml = pytest.importorskip("yaml")
-    captured = {}
-
-    class Captured(Exception):
-        pass
-
-    def capture(**kwargs):
-        captured.update(kwargs)
-        raise Captured
-
-    monkeypatch.setattr(rdma_fabric_facts, "AnsibleModule", capture)
-    with pytest.raises(Captured):
-        rdma_fabric_facts.main()
+    captured = captured_module_arguments(monkeypatch, rdma_fabric_facts)
     doc = yaml.safe_load(rdma_fabric_facts.DOCUMENTATION)
     assert_documented_as_specified(doc["options"], captured["argument_spec"])
     assert captured["supports_check_mode"] is True

@@ -18,6 +18,7 @@ from ansible.module_utils import basic
 from ansible_collections.inferops.vllm.plugins.modules import vllm_instance_drain
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
     assert_documented_as_specified,
+    captured_module_arguments,
     run_module,
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
@@ -334,18 +335,7 @@ def test_no_key_sends_no_authorization(metrics, clock):
 
 def test_documentation_matches_argument_spec(monkeypatch):
     yaml = pytest.importorskip("yaml")
-    captured = {}
-
-    class Captured(Exception):
-        pass
-
-    def capture(**kwargs):
-        captured.update(kwargs)
-        raise Captured
-
-    monkeypatch.setattr(vllm_instance_drain, "AnsibleModule", capture)
-    with pytest.raises(Captured):
-        vllm_instance_drain.main()
+    captured = captured_module_arguments(monkeypatch, vllm_instance_drain)
     doc = yaml.safe_load(vllm_instance_drain.DOCUMENTATION)
     assert_documented_as_specified(doc["options"], captured["argument_spec"])
     assert captured["supports_check_mode"] is True

@@ -20,6 +20,7 @@ from ansible.module_utils import basic
 from ansible_collections.inferops.vllm.plugins.modules import vllm_router_workers
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
     assert_documented_as_specified,
+    captured_module_arguments,
     run_module,
 )
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
@@ -430,18 +431,7 @@ def test_url_and_keep_are_exclusive_and_one_is_required(routers):
 
 def test_documentation_matches_argument_spec(monkeypatch):
     yaml = pytest.importorskip("yaml")
-    captured = {}
-
-    class Captured(Exception):
-        pass
-
-    def capture(**kwargs):
-        captured.update(kwargs)
-        raise Captured
-
-    monkeypatch.setattr(vllm_router_workers, "AnsibleModule", capture)
-    with pytest.raises(Captured):
-        vllm_router_workers.main()
+    captured = captured_module_arguments(monkeypatch, vllm_router_workers)
     doc = yaml.safe_load(vllm_router_workers.DOCUMENTATION)
     assert_documented_as_specified(doc["options"], captured["argument_spec"])
     assert captured["supports_check_mode"] is True

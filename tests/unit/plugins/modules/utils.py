@@ -80,3 +80,23 @@ def assert_documented_as_specified(doc_options, spec, path=""):
             assert_documented_as_specified(doc["suboptions"], arg["options"], f"{where}.")
         else:
             assert "suboptions" not in doc, where
+
+
+def captured_module_arguments(monkeypatch, module) -> dict:
+    """The keyword arguments ``module.main()`` gives AnsibleModule (argument_spec, supports_check_mode, ...),
+    captured without running the module."""
+    captured = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(**kwargs):
+        captured.update(kwargs)
+        raise Captured
+
+    monkeypatch.setattr(module, "AnsibleModule", capture)
+    try:
+        module.main()
+    except Captured:
+        return captured
+    raise AssertionError(f"{module.__name__}.main() did not build an AnsibleModule")
