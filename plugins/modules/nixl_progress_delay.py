@@ -107,12 +107,14 @@ files:
 """
 
 import glob  # noqa: E402 (imports follow the documentation, as Ansible modules do)
-import hashlib  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
-import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.module_utils._venv_file_patch import (  # noqa: E402
+    sha256,
+    write_atomically,
+)
 
 
 def _mark():
@@ -151,10 +153,6 @@ def current_value(text):
     return m.group("value").strip() if m else None
 
 
-def sha256(text):
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def find_files(venv):
     return sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "nixl_cu*", "_api.py")))
 
@@ -178,14 +176,6 @@ def plan(path, text, delay_us, expected):
             "pin the NIXL release the collection knows (vllm_install_nixl_version)."
         )
     return with_delay(text, delay_us), None
-
-
-def write_atomically(module, path, text):
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".inferops-", suffix=".py")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    module.atomic_move(tmp, path)
 
 
 def main():

@@ -103,6 +103,14 @@ def no_exec(monkeypatch):
     monkeypatch.setattr(launch, "supervise", forbidden)
 
 
+@pytest.fixture(autouse=True)
+def pinned(monkeypatch):
+    """The CPUs each in-process main() pinned itself to (recorded, not applied to the test process)."""
+    calls: list[set[int]] = []
+    monkeypatch.setattr(launch.os, "sched_setaffinity", lambda pid, cpus: calls.append(set(cpus)))
+    return calls
+
+
 @pytest.fixture
 def fake_exec(monkeypatch):
     calls: list[tuple[str, list[str], dict[str, str]]] = []
@@ -1417,7 +1425,9 @@ def test_exec_mode_calls_execve_with_argv_and_env(write_toml, capsys, fake_exec,
     assert lines[0] == f"{PREFIX}: exec: " + shlex.join(argv)
     assert f"{PREFIX}: env: VLLM_API_KEY=<redacted>" in lines
     assert f"{PREFIX}: env: VLLM_NIXL_SIDE_CHANNEL_PORT=5601" in lines
-    assert len(lines) == 1 + len(FULL_ENV)
+    # ... and the one line that says where the instance runs (FULL_TOML binds it to CPUs 0-1).
+    assert lines[-1] == f"{PREFIX}: the instance runs on CPUs 0-1 (cpu.omp_threads_bind)"
+    assert len(lines) == 1 + len(FULL_ENV) + 1
     assert "s3cr3t-value" not in err
 
 
@@ -1843,3 +1853,64 @@ def test_api_keys_file_content_is_not_checked_without_environ(tmp_path):
 def test_api_keys_file_refusals(server, fragment):
     problem = only_problem(minimal(server=server), None)
     assert problem.startswith("server.api_keys_file") and fragment in problem, problem
+
+
+# --------------------------------------------------------------------------- the instance's CPUs
+
+
+@pytest.mark.parametrize(("bind", "cpus"), [
+    ("0", {0}), ("0-3", {0, 1, 2, 3}), ("0,2", {0, 2}), ("0-1|4-5", {0, 1, 4, 5}), (" 3 ", {3}),
+    ("auto", None), ("nobind", None), ("", None), ("0-", None), ("a-b", None),
+])
+def test_bound_cpus(bind, cpus):
+    assert launch.bound_cpus(bind) == cpus
+
+
+@pytest.mark.parametrize("bind", ["0-", "cores 0-3", "0;1"])
+def test_a_bind_that_is_no_cpu_list_is_refused(bind):
+    problem = only_problem(minimal(cpu={"omp_threads_bind": bind}))
+    assert problem.startswith("cpu.omp_threads_bind: ") and "is not a CPU list" in problem and '"0-3|4-7"' in problem
+
+
+@pytest.mark.parametrize("bind", ["auto", "nobind", "0-1|2-3"])
+def test_vllms_own_words_and_lists_are_accepted(bind):
+    assert problems_of(minimal(cpu={"omp_threads_bind": bind})) == []
+
+
+def test_the_launcher_pins_itself_to_the_instances_cpus_before_vllm_starts(write_toml, fake_exec, pinned, capsys):
+    path = write_toml('[server]\n[model]\nname = "/m"\n[cpu]\nomp_threads_bind = "0-1|4"\n')
+    assert launch.main(["--config", str(path), "--vllm-bin", "/v/vllm"]) == 0
+    assert pinned == [{0, 1, 4}] and len(fake_exec) == 1
+    assert "the instance runs on CPUs 0-1|4 (cpu.omp_threads_bind)" in capsys.readouterr().err
+
+
+def test_no_cpu_list_pins_nothing(write_toml, fake_exec, pinned):
+    path = write_toml('[server]\n[model]\nname = "/m"\n[cpu]\nomp_threads_bind = "auto"\n')
+    assert launch.main(["--config", str(path), "--vllm-bin", "/v/vllm"]) == 0
+    assert pinned == [] and len(fake_exec) == 1
+
+
+def test_cpus_the_host_refuses_stop_the_start_with_the_fix(write_toml, no_exec, monkeypatch, capsys):
+    def refuse(pid, cpus):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(launch.os, "sched_setaffinity", refuse)
+    path = write_toml('[server]\n[model]\nname = "/m"\n[cpu]\nomp_threads_bind = "999"\n')
+    assert launch.main(["--config", str(path), "--vllm-bin", "/v/vllm"]) == launch.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert 'cpu.omp_threads_bind = "999": cannot run on those CPUs (Invalid argument)' in err
+    assert "Fix the instance's cpus in the inventory" in err
+
+
+def test_every_process_of_the_instance_inherits_the_cpus(tmp_path):
+    """For real: the launcher in its own process, and the stand-in vLLM it starts reports its affinity."""
+    cpu = min(os.sched_getaffinity(0))
+    fake = tmp_path / "vllm"
+    fake.write_text(f"#!{sys.executable}\nimport os, sys\nprint(sorted(os.sched_getaffinity(0)))\n")
+    fake.chmod(0o755)
+    config = tmp_path / "inst.toml"
+    config.write_text(f'[server]\n[model]\nname = "/m"\n[cpu]\nomp_threads_bind = "{cpu}"\n')
+    result = subprocess.run([sys.executable, str(LAUNCHER), "--config", str(config), "--vllm-bin", str(fake)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str([cpu])

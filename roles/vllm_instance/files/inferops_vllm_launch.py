@@ -103,7 +103,9 @@ table order, then ``extra.args`` verbatim)::
                                       keeps the peer list, and the vllm_instance role no longer writes
                                       them, so adding or removing a peer restarts no instance).  Accepted
                                       for hand-written configs (the sources' skeletons have them).
-    cpu.omp_threads_bind              env VLLM_CPU_OMP_THREADS_BIND
+    cpu.omp_threads_bind              env VLLM_CPU_OMP_THREADS_BIND; a CPU list ("0-3", "0,2", "0-3|4-7") also
+                                      pins the launcher and so every process of the instance to those CPUs
+                                      ("auto" / "nobind": vLLM's own, nothing pinned)
     cpu.kvcache_space_gib             env VLLM_CPU_KVCACHE_SPACE (> 0)
     devices.cuda_visible_devices      env CUDA_VISIBLE_DEVICES
     kv_fabric.transport               how KV travels, "rdma" or "tcp" (VOCAB.KV_TRANSPORTS); sets nothing itself,
@@ -717,6 +719,13 @@ def _check_cross(
     if "model" in raw and "name" not in raw["model"]:
         problems.append("model.name: required; set it to the model directory or Hugging Face model id")
 
+    bind = good.get("cpu", {}).get("omp_threads_bind")
+    if bind is not None and bind not in ("auto", "nobind") and bound_cpus(bind) is None:
+        problems.append(
+            f"cpu.omp_threads_bind: {json.dumps(bind)} is not a CPU list; give cores such as \"0-3\", \"0,2\" or "
+            "\"0-3|4-7\" (one list per rank), or \"auto\" / \"nobind\" (the instance's cpus in the inventory)"
+        )
+
     kv = good.get("kv_cache", {})
     if "memory_bytes" in kv and "gpu_memory_utilization" in kv:
         problems.append(
@@ -891,6 +900,49 @@ def _kv_transfer_config(pd: Mapping[str, Any]) -> str:
     return json.dumps(transfer, sort_keys=True, separators=(",", ":"))
 
 
+CPU_LIST_RE = re.compile(r"[0-9]+(?:-[0-9]+)?(?:[,|][0-9]+(?:-[0-9]+)?)*")
+
+
+def bound_cpus(bind: str) -> set[int] | None:
+    """The CPUs of a VLLM_CPU_OMP_THREADS_BIND list ("0-3", "0,2", "0-3|4-7": every rank's, together), or None for
+    vLLM's words ("auto", "nobind", ""), which leave the instance where systemd put it."""
+    bind = bind.strip()
+    if not CPU_LIST_RE.fullmatch(bind):
+        return None
+    cpus: set[int] = set()
+    for part in re.split(r"[,|]", bind):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _pin(config: Mapping[str, Any]) -> str | None:
+    """Run the launcher, and so every process of the instance (API server, engine core, workers), on the cores of
+    cpu.omp_threads_bind. vLLM binds only its OMP threads there; its other processes would float onto the cores of
+    the host's other instances. Returns a problem, or None."""
+    bind = str(config.get("cpu", {}).get("omp_threads_bind", ""))
+    cpus = bound_cpus(bind)
+    if not cpus:
+        return None
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        return (f"cpu.omp_threads_bind = {json.dumps(bind)}: cannot run on those CPUs ({exc.strerror or exc}); this "
+                f"host lets it use CPUs {_ranges(os.sched_getaffinity(0))}. Fix the instance's cpus in the inventory.")
+    print(f"{PROG}: the instance runs on CPUs {bind} (cpu.omp_threads_bind)", file=sys.stderr)
+    return None
+
+
+def _ranges(cpus: set[int]) -> str:
+    out, ordered = [], sorted(cpus)
+    for cpu in ordered:
+        if out and cpu == out[-1][1] + 1:
+            out[-1][1] = cpu
+        else:
+            out.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
 def _build_env(config: Mapping[str, Any], environ: Mapping[str, str] | None) -> dict[str, str]:
     """The variables the launcher sets: the API key's, those of the TOML's keys, then [environment]."""
     env: dict[str, str] = {}
@@ -1034,6 +1086,9 @@ def main(argv: list[str] | None = None) -> int:
 
     for line in lines:
         print(line, file=sys.stderr)
+    problem = _pin(config)
+    if problem:
+        return fail([problem])
     sys.stdout.flush()
     sys.stderr.flush()
     try:
