@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: nixl_progress_delay
 short_description: Set the delay of NIXL's progress thread in a virtual environment
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - "NIXL's Python API (C(nixl_cu12/_api.py), C(nixl_agent.__init__)) creates every agent with
     C(agent_config.pthrDelay = 0), and vLLM's NixlConnector has no option to change it, so the agent's

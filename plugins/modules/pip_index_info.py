@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: pip_index_info
 short_description: Ask Python package indexes whether they serve pinned packages, before pip installs them
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Runs on the host that will install the packages, so it sees the indexes as pip there will (its network, proxy
     variables, DNS). For each pinned requirement of O(packages) (C(NAME==VERSION)) it asks O(index_url) and every

@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: rdma_fabric_facts
 short_description: Gather a host's RDMA ports, their PCIe place and the NICs nearest each NVIDIA GPU, from sysfs
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Reads the RDMA devices of C(/sys/class/infiniband) and, for each port, its state, physical state, link layer
     (C(InfiniBand), or C(Ethernet) for RoCE), rate, and on RoCE ports the GID index of a RoCE v2 GID (what

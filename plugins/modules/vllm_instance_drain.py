@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_instance_drain
 short_description: Wait until a vLLM instance runs no request any more
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Runs on the vLLM host, after the instance was taken out of the router (M(inferops.vllm.vllm_router_workers)),
     and reads its C(/metrics) every second until C(vllm:num_requests_running) and C(vllm:num_requests_waiting) are

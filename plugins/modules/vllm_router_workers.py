@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_router_workers
 short_description: Take a vLLM instance out of vllm-router's rotation, or check that it is in it
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Runs on the router host and talks to each vllm-router process in O(routers) on its own port (its admin
     routes are unauthenticated and bound to loopback by the C(inferops.vllm.vllm_router) role; the front never
