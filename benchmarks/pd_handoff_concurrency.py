@@ -66,7 +66,8 @@ def probe(key: str, clients: int, seconds: float, mode: str = "handoff") -> dict
         t.join()
     pre = sorted(t[0] for t in times)
     dec = sorted(t[1] for t in times)
-    return {"mode": mode, "clients": clients, "handoffs": len(times), "prefill_p50_ms": round(pre[len(pre) // 2] * 1000),
+    return {"mode": mode, "clients": clients, "handoffs": len(times),
+            "prefill_p50_ms": round(pre[len(pre) // 2] * 1000),
             "decode_p50_ms": round(dec[len(dec) // 2] * 1000)}
 
 
@@ -86,12 +87,14 @@ def main() -> int:
         key = f.read().split()[0]
     subprocess.run(["podman", "cp", os.path.abspath(__file__), f"{ROUTER}:/tmp/pd_handoff_concurrency.py"], check=True)
     run = subprocess.run(["podman", "exec", "-i", ROUTER, PYTHON, "/tmp/pd_handoff_concurrency.py", "--inside",
-                          "--seconds", str(args.seconds), "--mode", args.mode, "--concurrency", *map(str, args.concurrency)],
+                          "--seconds", str(args.seconds), "--mode", args.mode,
+                          "--concurrency", *map(str, args.concurrency)],
                          input=key, capture_output=True, text=True, check=True)
     print(f"machine: {os.cpu_count()} cores; sandbox {PREFILL} -> {DECODE}, 16 output tokens, ~100-token prompts")
     for line in run.stdout.splitlines():
         r = json.loads(line)
-        print(f"{r['mode']}: {r['clients']} client(s): {r['handoffs']} handoffs in {args.seconds:g} s; prefill request p50 "
+        print(f"{r['mode']}: {r['clients']} client(s): {r['handoffs']} handoffs in {args.seconds:g} s; "
+              "prefill request p50 "
               f"{r['prefill_p50_ms']} ms, decode request p50 {r['decode_p50_ms']} ms")
     return 0
 

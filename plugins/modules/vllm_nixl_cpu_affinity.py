@@ -86,7 +86,8 @@ files:
     path:
       description: Path of the file.
       type: str
-      sample: /opt/vllm/venv/lib/python3.11/site-packages/vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py
+      sample: "/opt/vllm/venv/lib/python3.11/site-packages/vllm/distributed/\
+        kv_transfer/kv_connector/v1/nixl/base_worker.py"
     changed:
       description: Whether this file was (or in check mode would be) changed.
       type: bool
@@ -155,7 +156,8 @@ def plan(path, text, honour, expected):
     if sha256(base) not in expected:
         return None, (
             f"{path}: its content (SHA-256 {sha256(base)} with vLLM's own line) is not the pinned vLLM release's file "
-            f"(expected one of: {', '.join(expected) or 'none given'}), so its KV core reservation is not changed. Fix: "
+            f"(expected one of: {', '.join(expected) or 'none given'}), so its KV core reservation is not changed. "
+            "Fix: "
             "set vllm_install_nixl_honour_cpu_binding: false (vLLM's own reservation: every instance of the host then "
             "computes on the last core of each NUMA node), or pin the vLLM release the collection knows "
             "(vllm_install_version)."
@@ -189,8 +191,10 @@ def main():
                 changed=True, honour_binding=True, files=[],
                 msg=f"check mode: no vLLM in {venv} yet; its NIXL core reservation would be changed after the install",
             )
-        module.fail_json(msg=f"no {relative()} under {venv}/lib/python3*/site-packages: is vLLM installed in that venv?",
-                         honour_binding=True, files=[])
+        module.fail_json(
+            msg=f"no {relative()} under {venv}/lib/python3*/site-packages: is vLLM installed in that venv?",
+            honour_binding=True, files=[],
+        )
 
     files, errors, diffs, pending = [], [], [], {}
     for path in paths:

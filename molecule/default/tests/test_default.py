@@ -3,6 +3,7 @@ real KV handoff from prefill to decode over NIXL."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -212,6 +213,46 @@ def test_nixl_progress_delay_is_set_in_the_pinned_nixl(prefill_host, decode_host
         lines = [line.strip() for line in host.file(NIXL_API).content_string.splitlines() if "pthrDelay =" in line]
         assert lines == [f"agent_config.pthrDelay = {NIXL_DELAY_US}  # set by inferops.vllm "
                          "(vllm_install_nixl_progress_delay_us)"], lines
+
+
+# Every thread of every process systemd counts in a unit, with the CPUs it may run on, read in the host.
+_UNIT_AFFINITY_SCRIPT = r"""
+import json, os, subprocess, sys
+unit, seen = sys.argv[1], {}
+for line in subprocess.run(["ps", "-eo", "pid=,unit="], capture_output=True, text=True, check=True).stdout.splitlines():
+    pid, _, owner = line.strip().partition(" ")
+    if owner.strip() != unit:
+        continue
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            seen[f"{pid}/{tid} {name}"] = sorted(os.sched_getaffinity(int(tid)))
+        except OSError:
+            continue
+print(json.dumps(seen))
+"""
+NIXL_WORKER = ("/opt/vllm/venv/lib/python3.11/site-packages/"
+               "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py")
+
+
+def test_vllms_nixl_core_reservation_keeps_to_the_instances_cores(prefill_host, decode_host):
+    for host in (prefill_host, decode_host):
+        lines = [line.strip() for line in host.file(NIXL_WORKER).content_string.splitlines()
+                 if "os.sched_setaffinity(0," in line]
+        assert len(lines) == 1 and lines[0].endswith("# set by inferops.vllm (vllm_install_nixl_honour_cpu_binding)")
+        assert "os.sched_getaffinity(0)" in lines[0], lines
+
+
+def test_every_thread_of_an_instance_runs_on_its_cpus(prefill_host, decode_host):
+    """The instances' cpus (inventories/sandbox: prefill-0 core 0, decode-0 core 1): vLLM's NIXL connector used to
+    move the model's thread to the host's last core, and the API server and engine core floated over every core."""
+    instances = (("vllm@prefill-0.service", prefill_host, [0]), ("vllm@decode-0.service", decode_host, [1]))
+    for unit, host, cpus in instances:
+        threads = json.loads(host.check_output("python3 -c %s %s", _UNIT_AFFINITY_SCRIPT, unit))
+        assert len(threads) > 20, (unit, threads)  # the launcher, API server, engine core and worker, with threads
+        elsewhere = {name: got for name, got in threads.items() if got != cpus}
+        assert not elsewhere, f"{unit}: threads not on CPUs {cpus}: {elsewhere}"
 
 
 def test_idle_instances_give_their_cores_back(prefill_host, decode_host):

@@ -67,7 +67,8 @@ def test_changes_the_one_line_then_nothing(venv):
     assert result["changed"] is True
     text = worker_file(venv).read_text()
     changed = [(a, b) for a, b in zip(STAND_IN.splitlines(), text.splitlines(), strict=True) if a != b]
-    assert changed == [("                os.sched_setaffinity(0, rsv_cores_for_kv)", "                " + mod.our_line())]
+    indent = " " * 16
+    assert changed == [(indent + "os.sched_setaffinity(0, rsv_cores_for_kv)", indent + mod.our_line())]
     assert worker_file(venv).stat().st_mode & 0o777 == 0o644
     assert result["files"] == [{"path": str(worker_file(venv)), "changed": True}]
     assert result["diff"][0]["before"] == STAND_IN and result["diff"][0]["after"] == text
