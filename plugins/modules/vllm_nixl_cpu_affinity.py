@@ -14,9 +14,9 @@ description:
     reserves the last core of every NUMA node for KV transfer with C(os.sched_setaffinity(0, ...)). The call
     pins the worker's own thread, the one that runs the model, and it ignores C(VLLM_CPU_OMP_THREADS_BIND): every
     prefill and decode instance of a host then computes on the same last core, whatever cores it was given."
-  - With O(honour_binding=true) this module changes that one line so that the reserved cores are kept only where
+  - "With O(honour_binding=true) this module changes that one line so that the reserved cores are kept only where
     the thread may already run (the instance's own cores): an instance bound elsewhere stays on its cores, one
-    bound to the reserved core keeps it. This is the behaviour of vLLM's open fix (pull request 58036).
+    bound to the reserved core keeps it. This is the behaviour of vLLM's open fix (pull request 58036)."
   - With O(honour_binding=false) vLLM's own line is put back.
   - "The file is changed only when, with that line as vLLM ships it, its SHA-256 is one of O(expected_sha256):
     another vLLM release makes the module fail and say so, instead of editing a file it does not know."
