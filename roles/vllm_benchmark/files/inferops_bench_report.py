@@ -267,6 +267,8 @@ def kv_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     for r in sort_rows(rows):
         kv = r.get("kv") or {}
         for problem in kv.get("problems") or []:
+            # bench_kv starts each problem with the scenario, which the note names already.
+            problem = str(problem).removeprefix(f"{kv.get('scenario') or r['scenario']}: ")
             notes.append(f"- {r['scenario']} ({r['configuration']}, {r['run']}): {problem}")
     if notes:
         lines += ["", "KV path notes:", "", *notes]
