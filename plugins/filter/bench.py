@@ -32,13 +32,15 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ansible_collections.inferops.vllm.plugins.module_utils import vllm_metrics
+
 DATASETS = ("random", "prefix_repetition", "sharegpt")
 OTHER_DATASETS = ("random-mm", "random-rerank", "hf", "burstgpt", "custom", "custom_audio", "custom_image",
                   "spec_bench", "speed_bench", "timed_trace")
 # vLLM 0.32's ShareGPT filter (vllm/benchmarks/datasets/datasets.py, is_valid_sequence).
 SHAREGPT_MAX_PROMPT = 1024
 SHAREGPT_MAX_TOTAL = 2048
-COMMON_KEYS = ("name", "dataset", "output_len", "num_prompts", "rate", "concurrency", "burstiness", "seed")
+COMMON_KEYS = ("name", "dataset", "output_len", "num_prompts", "rate", "concurrency", "burstiness", "seed", "goodput")
 DATASET_KEYS = {
     "random": ("input_len", "range_ratio", "prefix_len"),
     "prefix_repetition": ("prefix_len", "suffix_len", "num_prefixes"),
@@ -49,6 +51,10 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,90,99"
 VARIABLE = "vllm_benchmark_scenarios"
+GOODPUT_VARIABLE = "vllm_benchmark_goodput_slos"
+# Our SLO keys -> vllm bench serve's --goodput names (vLLM 0.32 check_goodput_args: ttft, tpot, e2el, in ms). A
+# request counts towards request_goodput when it met every SLO given (its value <= the SLO).
+GOODPUT_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}
 
 
 class _Problems:
@@ -104,6 +110,48 @@ def _rate(p: _Problems, where: str, value: Any) -> float | str | None:
               "give the request rate in requests/s (e.g. 2 or 0.5), or 'inf' to send every prompt at once.")
         return None
     return number
+
+
+def _goodput(p: _Problems, where: str, prefix: str, value: Any, check: str = "scenario") -> dict[str, float] | None:
+    """The SLOs of ``--goodput`` ({ttft_ms: 500, tpot_ms: 100}) checked: {} for none, None when wrong.
+
+    ``prefix`` starts each field's name: ``goodput.`` in a scenario, empty for the role's default.
+    """
+    if value is None:
+        return {}
+    example = "{ttft_ms: 500, tpot_ms: 100}"
+    if not isinstance(value, Mapping):
+        p.add(where, prefix.rstrip(".") or "(mapping)", f"is {_show(value)}, not a mapping of SLOs in milliseconds.",
+              f"give it as {example} (keys {', '.join(GOODPUT_KEYS)}), or leave it out for no goodput.", check)
+        return None
+    slos: dict[str, float] = {}
+    ok = True
+    unknown = sorted(str(k) for k in value if k not in GOODPUT_KEYS)
+    if unknown:
+        p.add(where, ", ".join(prefix + k for k in unknown),
+              f"{'is not an SLO' if len(unknown) == 1 else 'are not SLOs'} that vllm bench serve measures goodput by "
+              f"(known: {', '.join(GOODPUT_KEYS)}).",
+              f"use ttft_ms (time to first token), tpot_ms (time per output token) or e2el_ms (whole request), "
+              f"e.g. {example}.", check)
+        ok = False
+    for key in GOODPUT_KEYS:
+        if key not in value:
+            continue
+        number = _number(value[key])
+        if number is None or number <= 0:
+            p.add(where, prefix + key, f"is {_show(value[key])}, not a positive number of milliseconds.",
+                  f"give the SLO in milliseconds, e.g. {key}: 500 (a request meets it when its "
+                  f"{GOODPUT_KEYS[key].upper()} is at most that).", check)
+            ok = False
+        else:
+            slos[key] = number
+    return slos if ok else None
+
+
+def goodput_argv(slos: Mapping[str, float]) -> list[str]:
+    """``--goodput ttft:500 tpot:100`` for vllm bench serve (empty without SLOs)."""
+    pairs = [f"{GOODPUT_KEYS[key]}:{slos[key]:g}" for key in GOODPUT_KEYS if key in slos]
+    return ["--goodput", *pairs] if pairs else []
 
 
 def _limits(limits: Any) -> tuple[int | None, str | None, list[str]]:
@@ -194,6 +242,9 @@ def _check_one(p: _Problems, index: int, raw: Any, names: set[str]) -> dict[str,
                   "leave it out (1: Poisson arrivals), or give a positive number (below 1 burstier, above 1 steadier).")
     # Unset: the run's seed (options.seed), so that a second run sends new prompts, not cached ones.
     sc["seed"] = None if raw.get("seed") is None else _positive_int(p, where, raw, "seed", minimum=0)
+    # A scenario's own goodput SLOs replace the role's (vllm_benchmark_goodput_slos); goodput: {} turns them off.
+    if "goodput" in raw:
+        sc["goodput"] = _goodput(p, where, "goodput.", raw.get("goodput"))
     if dataset == "random":
         if raw.get("input_len") is not None:
             sc["input_len"] = _positive_int(p, where, raw, "input_len")
@@ -245,11 +296,14 @@ def _argv(sc: dict[str, Any], opts: Mapping[str, Any]) -> list[str]:
         argv += ["--max-concurrency", str(sc["concurrency"])]
     argv += ["--ignore-eos", "--temperature", "0", "--seed", str(sc["seed"]), "--disable-tqdm",
              "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", METRIC_PERCENTILES,
+             *goodput_argv(sc["goodput"]),
              "--save-result", "--result-dir", str(opts.get("result_dir") or "RESULT_DIR"),
              "--result-filename", sc["result_file"], "--label", sc["name"], "--metadata"]
     metadata = {"scenario": sc["name"], "dataset": sc["dataset"], "max_prompt_tokens": sc["max_prompt_tokens"],
                 "max_output_tokens": sc["max_output_tokens"], "rate": sc["rate"], "concurrency": sc["concurrency"],
                 "seed": sc["seed"],
+                # The SLOs the result's request_goodput was measured against, for the report.
+                "goodput_slos": " ".join(goodput_argv(sc["goodput"])[1:]) or None,
                 **{k: v for k, v in (opts.get("metadata") or {}).items() if v is not None}}
     argv += [f"{key}={value}" for key, value in metadata.items() if value is not None]
     return argv
@@ -272,6 +326,7 @@ def bench_scenarios(scenarios: Any, limits: Any = None, options: Mapping[str, An
               "model's max_position_embeddings is not known, so no prompt length can be checked before the requests.",
               "set vllm_instance_max_model_len, or max_position_embeddings in vllm_instance_model_facts.",
               check="instances")
+    default_goodput = _goodput(p, GOODPUT_VARIABLE, "", opts.get("goodput"), check="goodput")
     names: set[str] = set()
     remote_dir = str(opts.get("result_dir") or "RESULT_DIR")
     for index, raw in enumerate(scenarios):
@@ -290,6 +345,8 @@ def bench_scenarios(scenarios: Any, limits: Any = None, options: Mapping[str, An
                                                           "dataset on a shorter context." if sc["dataset"] == "sharegpt"
                                                           else ""))
             continue
+        if "goodput" not in sc:
+            sc["goodput"] = dict(default_goodput or {})
         if sc["seed"] is None:
             sc["seed"] = int(opts.get("seed") or 0)
         sc["seed"] += int(opts.get("seed_offset") or 0)
@@ -304,6 +361,210 @@ def bench_scenarios(scenarios: Any, limits: Any = None, options: Mapping[str, An
     return out
 
 
+# --------------------------------------------------------------------------- the KV path of a scenario
+
+# vLLM 0.32's NIXL metrics (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py): two histograms observed
+# once per transfer by the instance that ran it (the decode side, which pulls the KV), and a counter.
+XFER_TIME = "vllm:nixl_xfer_time_seconds"
+BYTES = "vllm:nixl_bytes_transferred"
+FAILED = "vllm:nixl_num_failed_transfers_total"
+QUANTILE_METHOD = ("histogram_quantile: the bucket deltas summed over the instances, linear interpolation within "
+                   "the bucket (as Prometheus does)")
+
+
+def _histogram(samples: list[tuple[str, dict[str, str], float]], name: str) -> dict[str, Any] | None:
+    """A histogram's buckets (upper bound -> cumulative count), count and sum, summed over engines; None if absent."""
+    buckets: dict[float, float] = {}
+    found = False
+    count = total = 0.0
+    for sname, labels, value in samples:
+        if not math.isfinite(value):
+            continue
+        if sname == f"{name}_bucket":
+            bound = _number(labels.get("le")) if labels.get("le") != "+Inf" else math.inf
+            if bound is None:
+                continue
+            buckets[bound] = buckets.get(bound, 0.0) + value
+            found = True
+        elif sname == f"{name}_count":
+            count += value
+            found = True
+        elif sname == f"{name}_sum":
+            total += value
+            found = True
+    return {"buckets": buckets, "count": count, "sum": total} if found else None
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """The q-quantile of a histogram's cumulative buckets (upper bound -> count), as Prometheus'
+    histogram_quantile computes it: the bucket the rank falls in, linear interpolation between its bounds (the
+    first bucket starts at 0); in the +Inf bucket, the highest finite bound. None without observations."""
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf:
+        return None
+    total = buckets[math.inf]
+    if total <= 0:
+        return None
+    rank = q * total
+    previous_bound, previous_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == math.inf:
+                finite = [b for b in bounds if b != math.inf]
+                return finite[-1] if finite else None
+            if count == previous_count:
+                return bound
+            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (count - previous_count)
+        previous_bound, previous_count = bound, count
+    return None
+
+
+def _read(entry: Any) -> tuple[str, str, str, list | None, str | None]:
+    """(label, role, url, samples or None, why not) of one /metrics read (a uri result of the role)."""
+    entry = entry if isinstance(entry, Mapping) else {}
+    item = entry.get("item") if isinstance(entry.get("item"), Mapping) else {}
+    label = " ".join(str(item[k]) for k in ("host", "name") if item.get(k)) or "?"
+    role, url = str(item.get("role") or "?"), str(item.get("url") or "?")
+    status = entry.get("status")
+    if status != 200:
+        why = f"HTTP {status}" if isinstance(status, int) and status > 0 else "no answer"
+        msg = vllm_metrics.snippet(entry.get("msg") or "")
+        return label, role, url, None, f"{why}{': ' + msg if msg else ''}"
+    try:
+        return label, role, url, vllm_metrics.parse_metrics(entry.get("content") or ""), None
+    except vllm_metrics.MetricsError as exc:
+        return label, role, url, None, str(exc)
+
+
+def _went_down(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Which series of a histogram went down between two reads (the instance restarted), or None."""
+    if new["count"] < old["count"]:
+        return f"_count went down from {old['count']:g} to {new['count']:g}"
+    if new["sum"] < old["sum"]:
+        return f"_sum went down from {old['sum']:g} to {new['sum']:g}"
+    for bound, count in old["buckets"].items():
+        if new["buckets"].get(bound, 0.0) < count:
+            return f"_bucket{{le={bound:g}}} went down from {count:g} to {new['buckets'].get(bound, 0.0):g}"
+    return None
+
+
+def bench_kv(before: Any, after: Any, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The KV path of one scenario from every instance's /metrics read before and after it (see bench_kv.yml)."""
+    opts = dict(options or {})
+    scenario = str(opts.get("scenario") or "the scenario")
+    input_tokens = _whole(opts.get("input_tokens"))
+    out: dict[str, Any] = {
+        "scenario": scenario, "transfers": None, "failed_transfers": None, "xfer_p50_ms": None, "xfer_p99_ms": None,
+        "bytes": None, "xfer_seconds": None, "mb_per_s": None, "bytes_per_prompt_token": None,
+        "input_tokens": input_tokens, "kv_moved": None, "complete": False, "quantile_method": QUANTILE_METHOD,
+        "instances": [], "problems": [],
+    }
+    problems: list[str] = out["problems"]
+    if not vllm_metrics.HAS_PROMETHEUS_CLIENT:
+        problems.append("the KV path was not measured: the controller's Python lacks prometheus_client, which reads "
+                        "the instances' /metrics. Fix: pip install prometheus-client where ansible-playbook runs.")
+        return out
+    reads_after = {}
+    for entry in after if isinstance(after, list) else []:
+        label, role, url, samples, why = _read(entry)
+        reads_after[(label, url)] = (role, samples, why)
+    buckets: dict[float, float] = {}
+    counted = {"transfers": 0.0, "bytes": 0.0, "seconds": 0.0, "failed": 0.0}
+    complete = bool(reads_after)
+    with_metric = 0
+    for entry in before if isinstance(before, list) else []:
+        label, role, url, old_samples, old_why = _read(entry)
+        _role, new_samples, new_why = reads_after.pop((label, url), (role, None, "not read after the scenario"))
+        inst: dict[str, Any] = {"instance": label, "role": role, "url": url, "status": "ok", "transfers": None,
+                                "bytes": None, "xfer_seconds": None, "failed_transfers": None}
+        out["instances"].append(inst)
+        if old_samples is None or new_samples is None:
+            when, why = ("before", old_why) if old_samples is None else ("after", new_why)
+            inst["status"] = "unreadable"
+            problems.append(f"{scenario}: could not read /metrics of {label} ({url}) {when} the scenario ({why}): "
+                            "its transfers are not counted.")
+            complete = False
+            continue
+        old_time, new_time = _histogram(old_samples, XFER_TIME), _histogram(new_samples, XFER_TIME)
+        old_bytes, new_bytes = _histogram(old_samples, BYTES), _histogram(new_samples, BYTES)
+        if new_time is None or new_bytes is None:
+            if old_time is not None:
+                inst["status"] = "restarted"
+                problems.append(f"{scenario}: {label} ({url}): {XFER_TIME} was there before the scenario and is gone "
+                                "after it: the instance restarted; its transfers are not counted. Run the scenario "
+                                "again.")
+                complete = False
+            else:
+                inst["status"] = "missing"
+            continue
+        with_metric += 1
+        # A histogram vLLM had not created yet before the scenario counted nothing then.
+        empty = {"buckets": {}, "count": 0.0, "sum": 0.0}
+        old_time, old_bytes = old_time or empty, old_bytes or empty
+        old_failed = vllm_metrics.sample_sum(old_samples, FAILED)
+        new_failed = vllm_metrics.sample_sum(new_samples, FAILED)
+        down = _went_down(old_time, new_time)
+        down = down and f"{XFER_TIME}{down}"
+        if not down:
+            down = _went_down(old_bytes, new_bytes)
+            down = down and f"{BYTES}{down}"
+        if not down and new_failed < old_failed:
+            down = f"{FAILED} went down from {old_failed:g} to {new_failed:g}"
+        if down:
+            inst["status"] = "restarted"
+            problems.append(f"{scenario}: {label} ({url}): {down} during the scenario: the instance restarted (its "
+                            "counters began again); its transfers are not counted. Run the scenario again.")
+            complete = False
+            continue
+        for bound in set(old_time["buckets"]) | set(new_time["buckets"]):
+            delta = new_time["buckets"].get(bound, 0.0) - old_time["buckets"].get(bound, 0.0)
+            buckets[bound] = buckets.get(bound, 0.0) + delta
+        inst.update(transfers=int(round(new_time["count"] - old_time["count"])),
+                    bytes=int(round(new_bytes["sum"] - old_bytes["sum"])),
+                    xfer_seconds=round(new_time["sum"] - old_time["sum"], 6),
+                    failed_transfers=int(round(new_failed - old_failed)))
+        counted["transfers"] += new_time["count"] - old_time["count"]
+        counted["seconds"] += new_time["sum"] - old_time["sum"]
+        counted["bytes"] += new_bytes["sum"] - old_bytes["sum"]
+        counted["failed"] += new_failed - old_failed
+    for (label, url), (_role, _samples, _why) in reads_after.items():
+        problems.append(f"{scenario}: {label} ({url}) was read after the scenario but not before it: its transfers "
+                        "are not counted.")
+        complete = False
+    if not out["instances"]:
+        problems.append(f"{scenario}: no instance's /metrics was read, so the KV path was not measured.")
+        return out
+    if with_metric == 0:
+        missing = ", ".join(i["instance"] for i in out["instances"] if i["status"] == "missing")
+        if missing:
+            problems.append(f"{scenario}: {XFER_TIME} and {BYTES} are missing from the /metrics of every instance "
+                            f"read ({missing}): vLLM exports them only with the NixlConnector, so the KV path was not "
+                            "measured. Is kv_transfer_config (NixlConnector) set on the instances?")
+        out["complete"] = False
+        return out
+    seconds = counted["seconds"]
+    moved = counted["bytes"]
+    p50, p99 = histogram_quantile(0.5, buckets), histogram_quantile(0.99, buckets)
+    out.update(
+        transfers=int(round(counted["transfers"])), failed_transfers=int(round(counted["failed"])),
+        xfer_p50_ms=None if p50 is None else round(p50 * 1000, 3),
+        xfer_p99_ms=None if p99 is None else round(p99 * 1000, 3),
+        bytes=int(round(moved)), xfer_seconds=round(seconds, 6),
+        mb_per_s=round(moved / 1e6 / seconds, 3) if moved > 0 and seconds > 0 else None,
+        bytes_per_prompt_token=round(moved / input_tokens, 1) if moved > 0 and input_tokens else None,
+        kv_moved=counted["transfers"] > 0, complete=complete,
+    )
+    if out["transfers"] == 0:
+        problems.append(f"{scenario}: NO KV MOVED: {XFER_TIME}_count did not grow on any instance during the "
+                        "scenario, so decode computed every prompt itself and this row measures no disaggregation. "
+                        "Check that the router runs in PD mode (--vllm-pd-disaggregation) and that the prompts are "
+                        "longer than one token.")
+    if out["failed_transfers"]:
+        problems.append(f"{scenario}: {out['failed_transfers']} NIXL transfer(s) failed ({FAILED} grew).")
+    return out
+
+
 class FilterModule:
     def filters(self):
-        return {"bench_scenarios": bench_scenarios}
+        return {"bench_scenarios": bench_scenarios, "bench_kv": bench_kv}

@@ -29,6 +29,13 @@ CASES = {
                  r"\[scenario\] scenario 'ok': typo: is not a setting of a random scenario",
                  r"\[scenario\] scenario 'ok': num_prompts: is 0, not a positive whole number",
                  r"\[scenario\] scenario 'ok': rate: is -2, not a positive number of requests per second"]),
+    "goodput": ({"vllm_benchmark_goodput_slos": {"ttft_ms": -1},
+                 "vllm_benchmark_scenarios": [{**GOOD, "goodput": {"tpot": 100}}]},
+                [r"Benchmark: 2 problem\(s\); no request was sent\.",
+                 r"\[scenario\] scenario 'ok': goodput\.tpot: is not an SLO that vllm bench serve measures goodput "
+                 r"by \(known: ttft_ms, tpot_ms, e2el_ms\)\. Fix: use ttft_ms",
+                 r"\[goodput\] vllm_benchmark_goodput_slos: ttft_ms: is -1, not a positive number of milliseconds\. "
+                 r"Fix: give the SLO in milliseconds"]),
     "settings": ({"vllm_benchmark_host": "nowhere", "vllm_benchmark_compare_with": ["/nonexistent/run"],
                   "vllm_router_front_bind": "127.0.0.1"},
                  [r"\[host\] vllm_benchmark_host: is \"nowhere\", not a host of the inventory",

@@ -59,7 +59,15 @@ def test_the_report_has_both_rows_and_its_charts(run, decode_urls):
     rows = [line for line in results.splitlines() if line.startswith("| tiny |")]
     assert len(rows) == 2 and any(f"| PD 1P+{len(decode_urls)}D |" in r for r in rows), rows
     assert any("| colocated: " in r for r in rows), rows
-    assert all(r.rstrip().endswith(f"| 0 of {PROMPTS} |") for r in rows), rows
+    assert all(f"| 0 of {PROMPTS} |" in r for r in rows), rows
+    # The KV path: the PD row's NIXL transfers (the KV moved), "-" on the colocated row (no KV moves there).
+    pd_row = next(r for r in rows if "| colocated: " not in r)
+    alone_row = next(r for r in rows if "| colocated: " in r)
+    assert alone_row.rstrip().endswith(f"| 0 of {PROMPTS} | - | - | - | - | - |"), alone_row
+    transfers = pd_row.split(f"| 0 of {PROMPTS} | ", 1)[1].split(" |")[0]
+    assert transfers.replace(",", "").isdigit() and int(transfers.replace(",", "")) > 0, pd_row
+    kv = json.loads((run_dir / "kv" / "tiny.json").read_text())
+    assert kv["problems"] == [] and kv["bytes"] > 0 and kv["xfer_p50_ms"] > 0, kv
     assert "**CPU numbers.**" in report.split("## Results")[0]  # the sandbox says so, and names the CPU
     for chart in ("latency", "throughput", "prefix_cache"):
         assert (run_dir / "charts" / f"{chart}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", chart

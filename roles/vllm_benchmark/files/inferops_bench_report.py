@@ -8,11 +8,13 @@ playbooks/benchmark.yml (the vllm_benchmark role's report entry point) runs it o
     inferops_bench_report.py RUN_DIR [--compare=EARLIER_RUN_DIR ...] [--no-charts]
 
 RUN_DIR holds one JSON per scenario, as vllm bench serve saved it (with --metadata scenario=, configuration=,
-kv_dtype=, prefix_caching=, run=), and deployment.json (the deployment, its machines and the prefix-cache
-check, written by the playbook). The table has one row per result: this run's and those of each --compare
-directory (earlier runs, or any JSON of vllm bench serve with that metadata), so that PD and colocated, or fp8
-and auto KV, stand side by side. Writes RUN_DIR/results.md and RUN_DIR/charts/*.png (matplotlib; without it,
-results.md says so). Standard library only, apart from matplotlib for the charts.
+kv_dtype=, prefix_caching=, run=, kv_transfer=, goodput_slos=), deployment.json (the deployment, its machines and
+the prefix-cache check, written by the playbook) and kv/<scenario>.json: each PD scenario's KV path, worked out by
+the playbook (filter inferops.vllm.bench_kv) from the instances' NIXL metrics before and after the scenario.
+The table has one row per result: this run's and those of each --compare directory (earlier runs, or any JSON of
+vllm bench serve with that metadata), so that PD and colocated, or fp8 and auto KV, stand side by side. Writes
+RUN_DIR/results.md and RUN_DIR/charts/*.png (matplotlib; without it, results.md says so). Standard library
+only, apart from matplotlib for the charts.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from pathlib import Path
 from typing import Any
 
 DEPLOYMENT = "deployment.json"
+KV_DIR = "kv"
 VENDORS = {"GenuineIntel", "AuthenticAMD", "HygonGenuine", "CentaurHauls"}
 COLUMNS = ("scenario", "configuration", "KV dtype", "prefix caching", "TTFT p50 (ms)", "TTFT p99 (ms)",
-           "ITL p50 (ms)", "output tok/s", "request/s", "failed")
+           "ITL p50 (ms)", "output tok/s", "request/s", "failed", "KV transfers", "KV xfer p50 (ms)",
+           "KV xfer p99 (ms)", "KV MB/s", "KV bytes/prompt token")
+GOODPUT_COLUMN = "goodput (req/s)"
 
 
 # --------------------------------------------------------------------------- reading
@@ -64,8 +69,27 @@ def _metric(data: Mapping[str, Any], *keys: str) -> float | None:
     return None
 
 
-def row(data: Mapping[str, Any], run: str, source: str) -> dict[str, Any]:
-    """One table row from one result JSON; the grouping columns come from its --metadata."""
+def kv_path(data: Mapping[str, Any]) -> str:
+    """How the result's KV moved: ``nixl`` (PD through the router), ``none`` (the colocated runs: one process
+    prefills and decodes) or ``unknown`` (a result from before the metadata said so)."""
+    given = str(data.get("kv_transfer") or "")
+    if given:
+        return given
+    return "none" if str(data.get("configuration") or "").startswith("colocated") else "unknown"
+
+
+def load_kv(source: Path) -> dict[str, Any] | None:
+    """The scenario's KV path beside its result (kv/<name>.json), or None when it was not measured."""
+    path = source.parent / KV_DIR / source.name
+    try:
+        data = load_json(path)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def row(data: Mapping[str, Any], run: str, source: str, kv: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One table row from one result JSON (and its KV path); the grouping columns come from its --metadata."""
     completed = int(_number(data.get("completed")) or 0)
     failed = int(_number(data.get("failed")) or 0)
     return {
@@ -86,6 +110,11 @@ def row(data: Mapping[str, Any], run: str, source: str) -> dict[str, Any]:
         "num_prompts": completed + failed or int(_number(data.get("num_prompts")) or 0),
         "duration": _metric(data, "duration"),
         "vllm_variant": str(data.get("vllm_variant") or ""),
+        "kv_transfer": kv_path(data),
+        "kv": dict(kv) if kv else None,
+        # vllm bench serve writes request_goodput (null without --goodput); goodput_slos is our metadata.
+        "goodput": _metric(data, "request_goodput"),
+        "goodput_slos": str(data.get("goodput_slos") or ""),
     }
 
 
@@ -100,7 +129,7 @@ def load_rows(directory: Path) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
         if is_bench_result(data):
-            rows.append(row(data, str(data.get("run") or directory.name), str(path)))
+            rows.append(row(data, str(data.get("run") or directory.name), str(path), load_kv(path)))
     return rows
 
 
@@ -175,14 +204,78 @@ def _fmt(value: float | None, digits: int) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
+def kv_cells(r: Mapping[str, Any]) -> list[str]:
+    """The KV columns of a row: "-" where no KV moves by design (colocated), n/a where it was not measured."""
+    if r["kv_transfer"] == "none":
+        return ["-"] * 5
+    kv = r.get("kv")
+    if not kv or _number(kv.get("transfers")) is None:
+        return ["n/a"] * 5
+    transfers = int(_number(kv.get("transfers")) or 0)
+    if transfers == 0:
+        return ["**0: no KV moved**", "-", "-", "-", "-"]
+    mark = "" if kv.get("complete") else " *"
+    return [f"{transfers:,}{mark}", _fmt(_number(kv.get("xfer_p50_ms")), 1), _fmt(_number(kv.get("xfer_p99_ms")), 1),
+            _fmt(_number(kv.get("mb_per_s")), 1), _fmt(_number(kv.get("bytes_per_prompt_token")), 0)]
+
+
+def with_goodput(rows: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the table gets a goodput column: some result was measured against SLOs."""
+    return any(r["goodput_slos"] or r["goodput"] is not None for r in rows)
+
+
 def results_table(rows: Iterable[Mapping[str, Any]]) -> list[str]:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    rows = list(rows)
+    goodput = with_goodput(rows)
+    columns = COLUMNS + ((GOODPUT_COLUMN,) if goodput else ())
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     for r in sort_rows(rows):
-        lines.append(
-            f"| {r['scenario']} | {r['configuration']} | {r['kv_dtype']} | {r['prefix_caching']} | "
-            f"{_fmt(r['ttft_p50'], 0)} | {_fmt(r['ttft_p99'], 0)} | {_fmt(r['itl_p50'], 1)} | "
-            f"{_fmt(r['output_throughput'], 1)} | {_fmt(r['request_throughput'], 2)} | "
-            f"{r['failed']} of {r['num_prompts']} |")
+        cells = [r["scenario"], r["configuration"], r["kv_dtype"], r["prefix_caching"], _fmt(r["ttft_p50"], 0),
+                 _fmt(r["ttft_p99"], 0), _fmt(r["itl_p50"], 1), _fmt(r["output_throughput"], 1),
+                 _fmt(r["request_throughput"], 2), f"{r['failed']} of {r['num_prompts']}", *kv_cells(r)]
+        if goodput:
+            cells.append(_fmt(r["goodput"], 2) if r["goodput_slos"] or r["goodput"] is not None else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def kv_warnings(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """A loud line for each PD row where no KV moved: its figures measure no disaggregation."""
+    out = []
+    for r in sort_rows(rows):
+        kv = r.get("kv") or {}
+        if r["kv_transfer"] != "none" and kv and _number(kv.get("transfers")) == 0:
+            out.append(f"> **No KV moved in {r['scenario']} ({r['configuration']}, {r['run']}):** no NIXL transfer "
+                       "happened on any instance during it, so decode computed every prompt itself; this row measures "
+                       "no disaggregation. See the KV path notes below.")
+    return out
+
+
+def kv_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What the KV figures are, and every problem of their measurement, per row."""
+    rows = list(rows)
+    lines = ["KV columns: the NIXL transfers during the scenario, from every prefill and decode instance's /metrics "
+             "read from the router host right before and right after it (the differences of "
+             "`vllm:nixl_xfer_time_seconds`, `vllm:nixl_bytes_transferred` and "
+             "`vllm:nixl_num_failed_transfers_total`, summed over the instances). Transfer time p50 and p99 are "
+             "estimated from the histogram's buckets as Prometheus' `histogram_quantile` does (linear interpolation "
+             "within the bucket; vLLM's buckets run from 5 ms to 5 s). KV MB/s: bytes moved / seconds spent in "
+             "transfers (MB = 10^6 bytes). KV bytes/prompt token: bytes moved / the scenario's prompt tokens "
+             "(vLLM moves whole KV blocks). `-`: no KV moves (colocated: one process prefills and decodes); n/a: not "
+             "measured; `*`: not every instance could be counted (see below)."]
+    notes = []
+    for r in sort_rows(rows):
+        kv = r.get("kv") or {}
+        for problem in kv.get("problems") or []:
+            # bench_kv starts each problem with the scenario, which the note names already.
+            problem = str(problem).removeprefix(f"{kv.get('scenario') or r['scenario']}: ")
+            notes.append(f"- {r['scenario']} ({r['configuration']}, {r['run']}): {problem}")
+    if notes:
+        lines += ["", "KV path notes:", "", *notes]
+    if with_goodput(rows):
+        slos = sorted({(r["scenario"], r["goodput_slos"]) for r in rows if r["goodput_slos"]})
+        lines += ["", "Goodput: requests per second that met every SLO (`vllm bench serve --goodput`, milliseconds; "
+                  "`-`: the scenario had no SLOs): " + "; ".join(f"{name} {slo}" for name, slo in slos) + "."]
     return lines
 
 
@@ -253,9 +346,13 @@ def markdown(deployment: Mapping[str, Any], rows: list[Mapping[str, Any]], chart
     compared = list(compared)
     if compared:
         lines += [f"This run and {', '.join(compared)}; one row per scenario and configuration.", ""]
+    warnings = kv_warnings(rows)
+    if warnings:
+        lines += [*warnings, ""]
     lines += results_table(rows) + [""]
     lines += ["TTFT: time to first token; ITL: inter-token latency (median); output tok/s and request/s over the whole "
               "run; failed: requests that did not complete, of those sent.", ""]
+    lines += kv_notes(rows) + [""]
     lines += ["## Prefix cache", ""] + prefix_section(deployment.get("prefix_check"), deployment.get("instances") or [])
     lines += ["", "## Scenarios", ""] + scenarios_table(deployment.get("scenarios") or []) + [""]
     lines += ["## Charts", ""]

@@ -143,3 +143,57 @@ def test_unknown_max_model_len_is_a_problem():
 
 def test_registered():
     assert FilterModule().filters()["bench_scenarios"] is bench_scenarios
+
+
+# --------------------------------------------------------------------------- goodput (vllm bench serve --goodput)
+
+
+def _goodput_argv(sc):
+    argv = sc["argv"]
+    if "--goodput" not in argv:
+        return []
+    start = argv.index("--goodput") + 1
+    end = next(i for i in range(start, len(argv)) if argv[i].startswith("--"))
+    return argv[start:end]
+
+
+def test_goodput_slos_become_vllm_bench_serve_flags_and_metadata():
+    """vLLM 0.32's --goodput takes KEY:VALUE pairs (ttft, tpot, e2el) in milliseconds, nargs='+'."""
+    own = {**GOOD, "name": "own", "goodput": {"tpot_ms": 40, "ttft_ms": 250.5}}
+    off = {**GOOD, "name": "off", "goodput": {}}
+    out = bench_scenarios([GOOD, own, off], LIMITS, {**OPTIONS, "goodput": {"ttft_ms": 500, "e2el_ms": 9000}})
+    assert out["problems"] == []
+    default, mine, none = out["scenarios"]
+    # The role's SLOs for a scenario without its own; a scenario's own replace them; {} turns them off.
+    assert _goodput_argv(default) == ["ttft:500", "e2el:9000"]
+    assert _goodput_argv(mine) == ["ttft:250.5", "tpot:40"]
+    assert _goodput_argv(none) == [] and "--goodput" not in none["argv"]
+    # The SLOs travel with the result, for the report's goodput column.
+    assert "goodput_slos=ttft:250.5 tpot:40" in mine["argv"]
+    assert not any(a.startswith("goodput_slos=") for a in none["argv"])
+    # Without SLOs anywhere, no flag (the existing command line is unchanged).
+    assert "--goodput" not in bench_scenarios([GOOD], LIMITS, OPTIONS)["scenarios"][0]["argv"]
+
+
+@pytest.mark.parametrize(("goodput", "start"), [
+    ({"ttft_ms": 0}, "[scenario] scenario 'short': goodput.ttft_ms: is 0, not a positive number of milliseconds."),
+    ({"tpot_ms": -5}, "[scenario] scenario 'short': goodput.tpot_ms: is -5, not a positive number of milliseconds."),
+    ({"ttft_ms": "fast"}, "[scenario] scenario 'short': goodput.ttft_ms: is 'fast', not a positive number"),
+    ({"ttft_ms": True}, "[scenario] scenario 'short': goodput.ttft_ms: is True, not a positive number"),
+    ({"ttft": 500}, "[scenario] scenario 'short': goodput.ttft: is not an SLO that vllm bench serve measures"),
+    ("ttft:500", "[scenario] scenario 'short': goodput: is 'ttft:500', not a mapping of SLOs in milliseconds."),
+])
+def test_bad_goodput_slos_of_a_scenario_are_refused(goodput, start):
+    line = only(problems({**GOOD, "goodput": goodput}), start)
+    assert "Fix: " in line
+
+
+@pytest.mark.parametrize(("slos", "start"), [
+    ({"ttft_ms": -1}, "[goodput] vllm_benchmark_goodput_slos: ttft_ms: is -1, not a positive number of milliseconds"),
+    ({"itl_ms": 5}, "[goodput] vllm_benchmark_goodput_slos: itl_ms: is not an SLO"),
+    ([500], "[goodput] vllm_benchmark_goodput_slos: (mapping): is [500], not a mapping of SLOs"),
+])
+def test_bad_role_goodput_slos_are_refused_naming_the_variable(slos, start):
+    out = bench_scenarios([GOOD], LIMITS, {**OPTIONS, "goodput": slos})
+    line = only(out["problems"], start)
+    assert "Fix: " in line and out["scenarios"] == []
