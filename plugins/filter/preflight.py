@@ -16,11 +16,11 @@ Which rule lives where (one place per rule):
     _front_fallback.py    the front's fallback endpoints (vllm_router_front_fallbacks: name, URL and
                           clear text, key rule, model map against the served names, timeouts, body size),
                           run here by the ``fallbacks`` check and by the vllm_router role's preflight through
-                          the front_fallback_problems filter (plugins/module_utils/).
+                          the front_fallback_problems filter (plugins/plugin_utils/).
     _vllm_vocabulary.py   what vLLM accepts and what ``auto`` resolves to (plugins/module_utils/, shared
                           with the launcher on the hosts); _model_facts.py, _pd_instance.py and
-                          _kv_sizing.py beside it: the model's facts, an instance's resolved settings and
-                          its KV sizing.
+                          _kv_sizing.py in plugins/plugin_utils/ (the controller's): the model's facts, an
+                          instance's resolved settings and its KV sizing.
     the roles             rules that need facts or the host: the fallbacks' DNS resolver (vllm_router),
                           /dev/shm (vllm_instance), GPU memory and
                           GPU assignment (the gpu_assign filter in vllm_instance's configure), nft's
@@ -61,23 +61,23 @@ from types import ModuleType
 from typing import Any
 
 import yaml
-from ansible_collections.inferops.vllm.plugins.module_utils import _front_fallback as front_fallback
-from ansible_collections.inferops.vllm.plugins.module_utils import _kv_fabric as kv_fabric
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
-from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import kind as _kind
-from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import (
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _front_fallback as front_fallback
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _kv_fabric as kv_fabric
+from ansible_collections.inferops.vllm.plugins.plugin_utils._instance_toml import kind as _kind
+from ansible_collections.inferops.vllm.plugins.plugin_utils._instance_toml import (
     render,
     toml_role_variable,
     toml_variable,
 )
-from ansible_collections.inferops.vllm.plugins.module_utils._kv_sizing import size as _size
-from ansible_collections.inferops.vllm.plugins.module_utils._model_facts import model_facts
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_instance import Instance
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import host_var as _var
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import text as _text
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import to_float as _to_float
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import to_int as _to_int
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import undefined as _undefined
+from ansible_collections.inferops.vllm.plugins.plugin_utils._kv_sizing import size as _size
+from ansible_collections.inferops.vllm.plugins.plugin_utils._model_facts import model_facts
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_instance import Instance
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import host_var as _var
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import text as _text
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import to_float as _to_float
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import to_int as _to_int
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import undefined as _undefined
 
 try:
     from ansible.utils.display import Display
@@ -1046,7 +1046,7 @@ def _check_router_secrets(rep: _Report, host: str, pub: Mapping[str, Any]) -> bo
 
 
 def _check_fallbacks(rep: _Report, inv: _Inventory) -> None:
-    """The front's fallback endpoints (module_utils/_front_fallback.py); keys are never shown."""
+    """The front's fallback endpoints (plugin_utils/_front_fallback.py); keys are never shown."""
     served = {_text(inst.published.get("served_model_name")) for inst in inv.instances}
     for host, pub in inv.router_pub.items():
         if pub.get("fallbacks") == UNDEFINED:

@@ -168,7 +168,7 @@ def test_the_collection_artifact_holds_the_launcher_and_its_vocabulary(tmp_path)
     with tarfile.open(artifact) as tar:
         names = set(tar.getnames())
     for relative in ("roles/vllm_instance/files/inferops_vllm_launch.py", "plugins/module_utils/_vllm_vocabulary.py",
-                     "plugins/module_utils/_model_facts.py", "plugins/module_utils/_kv_sizing.py",
-                     "plugins/module_utils/_pd_instance.py", "plugins/module_utils/_pd_values.py",
+                     "plugins/plugin_utils/_model_facts.py", "plugins/plugin_utils/_kv_sizing.py",
+                     "plugins/plugin_utils/_pd_instance.py", "plugins/plugin_utils/_pd_values.py",
                      "plugins/filter/preflight.py"):
         assert relative in names, relative

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 from ansible_collections.inferops.vllm.plugins.filter.preflight import FilterModule, kv_sizing, pd_preflight
-from ansible_collections.inferops.vllm.plugins.module_utils._kv_sizing import kv_blocks, kv_bytes_per_token
+from ansible_collections.inferops.vllm.plugins.plugin_utils._kv_sizing import kv_blocks, kv_bytes_per_token
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL, settings
 
 # Qwen2.5-14B-Instruct: 40 heads, 8 KV heads, 48 layers, head_dim 128.

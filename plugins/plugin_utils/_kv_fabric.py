@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import text
 from ansible_collections.inferops.vllm.plugins.module_utils._rdma_fabric import normalise_bus_id
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import text
 
 TRANSPORT_SETTINGS = ("auto", "rdma", "tcp")
 # UCX_TLS when the instance sets none. RDMA: RC over mlx5 (rc_x) or verbs (rc, which also brings UD for the

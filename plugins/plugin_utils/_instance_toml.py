@@ -18,9 +18,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.inferops.vllm.plugins.module_utils import _kv_fabric
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_instance import Instance
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import host_var, text
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _kv_fabric
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_instance import Instance
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import host_var, text
 
 # TOML key of templates/instance.toml.j2 -> where its value comes from: a variable, "setting:<key>" (a
 # per-instance setting: vllm_instance_<key>, or the instance's overrides.<key>) or "instance:<key>" (a
