@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import launcher
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "vllm_instance"
@@ -198,7 +199,7 @@ def test_adding_a_peer_changes_no_existing_instances_config(renders):
 
 
 def test_the_rendered_toml_is_the_preflights_mirror_and_the_launcher_accepts_it(renders):
-    launch = pf.launcher()
+    launch = launcher()
     for peers, out in renders.items():
         for host in ("p1", "p2", "d1", "d2"):
             if not (out / host).is_dir():
@@ -216,7 +217,7 @@ def test_the_rendered_toml_is_the_preflights_mirror_and_the_launcher_accepts_it(
 
 def test_the_drain_and_the_kv_load_failure_policy_per_instance(renders):
     out = renders[True]
-    launch = pf.launcher()
+    launch = launcher()
 
     def toml(host: str, name: str) -> dict[str, Any]:
         return launch.tomllib.loads((out / host / f"{name}.toml").read_text(encoding="utf-8"))
@@ -235,7 +236,7 @@ def test_the_drain_and_the_kv_load_failure_policy_per_instance(renders):
 def test_the_kv_path_of_a_cpu_build_is_tcp_and_an_instance_may_set_its_ucx_transports(renders):
     """The cpu build's `auto` transport is tcp: the TOML says so and sets no UCX variable unless asked."""
     out = renders[True]
-    launch = pf.launcher()
+    launch = launcher()
     for host, name in (("p1", "prefill-0"), ("p2", "prefill-0"), ("d1", "decode-0"), ("d2", "decode-0")):
         config = launch.tomllib.loads((out / host / f"{name}.toml").read_text(encoding="utf-8"))
         assert config["kv_fabric"] == {"transport": "tcp"}, (host, name)

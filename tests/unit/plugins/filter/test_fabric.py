@@ -12,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.inferops.vllm.plugins.filter.fabric import kv_fabric, kv_fabric_problems
 from ansible_collections.inferops.vllm.plugins.modules.rdma_fabric_facts import gather
 from ansible_collections.inferops.vllm.tests.unit.fabric_support import materialise
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import launcher
 
 
 @pytest.fixture(scope="module")
@@ -211,14 +212,13 @@ def test_recorded_facts_to_the_launchers_environment(fabric):
     from pathlib import Path
 
     import jinja2
-    from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 
     template = (Path(__file__).resolve().parents[4] / "roles" / "vllm_instance" / "templates" / "instance.toml.j2")
     text = template.read_text(encoding="utf-8")
     block = text[text.index("{% if item.kv_fabric"):text.index("{% if __settings.environment")]
     env = jinja2.Environment(trim_blocks=True)
     env.filters["to_json"] = json.dumps
-    launch = pf.launcher()
+    launch = launcher()
     for layout, gpus, expected in (
         ("switched_8gpu_8nic_ib", [6, 7], {"UCX_NET_DEVICES": "mlx5_6:1,mlx5_7:1", "UCX_TLS": CUDA_TLS}),
         ("roce_bond", [2], {"UCX_NET_DEVICES": "mlx5_bond_0:1", "UCX_TLS": CUDA_TLS, "UCX_IB_GID_INDEX": "3"}),
