@@ -1054,7 +1054,7 @@ def _check_booleans(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> N
 
 
 def _launcher_config(inv: _Inventory, inst: Instance) -> tuple[dict[str, Any], dict[str, str], list[tuple[str, str]]]:
-    """The TOML the role would render for one instance (module_utils/_instance_toml.py), from its host's variables."""
+    """The TOML the role renders for one instance (plugin_utils/_instance_toml.py), from its host's variables."""
     return render(inst, inv.variables.get(inst.host))
 
 

@@ -4,7 +4,7 @@
 """How an instance's KV travels to its peers: its ``[kv_fabric]`` table and the host facts it must agree with.
 
 PRIVATE to the inferops.vllm collection: no compatibility promise. Controller-side: the vllm_instance role's
-filters (plugins/filter/fabric.py) and the preflight's mirror of the instance TOML (_instance_toml.py) call it.
+filters (plugins/filter/fabric.py) and the renderer of the instance TOML (_instance_toml.py) call it.
 
 * :func:`transport` resolves ``vllm_instance_kv_transport`` (``auto`` = ``rdma`` on the cuda build, ``tcp`` on
   the cpu build);
@@ -75,7 +75,7 @@ def table(settings: Mapping[str, Any], variant: Any, gpu_bus_ids: Sequence[Any] 
 
     ``settings``: the instance's resolved settings (kv_transport, kv_buffer_device, ucx_net_devices, ucx_tls,
     ucx_ib_gid_index); ``gpu_bus_ids``: its GPUs' PCI bus ids; ``fabric``: the host's rdma_fabric facts, or None
-    where they are not known (the controller's mirror, which then renders only what the settings say).
+    where they are not known (the preflight's render, which then writes only what the settings say).
     """
     kind = transport(settings.get("kv_transport"), variant)
     result: dict[str, Any] = {"transport": kind}

@@ -6,8 +6,9 @@ directory is written), then renders each instance's config.toml and the unit dro
 own tasks from tasks/configure.yml (read from the file, only their destination moved into the
 temporary directory). Two inventories, the second with one more prefill and one more decode host: the
 files of the instances that exist in both must be byte for byte the same, so adding (or removing) a
-peer restarts no running instance. The rendered TOML must also be exactly what the preflight's mirror
-of the template (plugins/filter/preflight.py) builds, and what the launcher accepts.
+peer restarts no running instance. The role and the preflight render the TOML with one function
+(plugins/plugin_utils/_instance_toml.py); what the role gives it on a host and what the preflight gives it
+from the published record must make the same TOML, which the launcher accepts.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def _role_task(tasks: list[dict[str, Any]], module: str, key: str, value: str) -
     args = {k: v for k, v in task[module].items() if k not in ("owner", "group", "validate")}
     if module == "ansible.builtin.template":
         args["src"] = str(ROLE / "templates" / args["src"])
+    if "dest" in args:
         args["dest"] = _rehome(args["dest"])
     else:
         args["path"] = _rehome(args["path"])
@@ -91,10 +93,10 @@ def playbook() -> list[dict[str, Any]]:
             {"name": "The host's directory", "ansible.builtin.file": {
                 "path": "{{ out }}/{{ inventory_hostname }}", "state": "directory", "mode": "0700"}},
             place,
-            _template_task(tasks, "instance.toml.j2"),
+            _role_task(tasks, "ansible.builtin.copy", "dest", "{{ vllm_instance_config_dir }}/{{ item.name }}.toml"),
             _role_task(tasks, "ansible.builtin.file", "path", "/etc/systemd/system/vllm@{{ item.name }}.service.d"),
             _template_task(tasks, "instance-stop.conf.j2"),
-            # What the preflight's mirror of the template is given (as the role's preflight passes it).
+            # What the preflight renders the TOML from (as the role's preflight passes it).
             {"name": "What the host published", "ansible.builtin.copy": {
                 "dest": "{{ out }}/{{ inventory_hostname }}/published.json", "mode": "0600",
                 "content": "{{ {'published': vllm_instance_published, 'variables': {"
@@ -198,7 +200,7 @@ def test_adding_a_peer_changes_no_existing_instances_config(renders):
             assert "10.0.0.12" not in before and "10.0.0.22" not in before
 
 
-def test_the_rendered_toml_is_the_preflights_mirror_and_the_launcher_accepts_it(renders):
+def test_the_role_and_the_preflight_render_the_same_toml_and_the_launcher_accepts_it(renders):
     launch = launcher()
     for peers, out in renders.items():
         for host in ("p1", "p2", "d1", "d2"):

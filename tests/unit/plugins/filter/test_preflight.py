@@ -817,7 +817,7 @@ def test_a_kv_load_failure_policy_override_is_named():
         "d1/decode-0: vllm_instance_instances[decode-0].overrides.kv_load_failure_policy: is 'skip'")
 
 
-# --- the TOML each instance gets (the preflight's mirror of templates/instance.toml.j2) ------------------
+# --- the TOML each instance gets (the role's renderer, plugins/plugin_utils/_instance_toml.py) --------------
 
 
 def rendered(published, groups, host: str, name: str) -> dict[str, Any]:
