@@ -57,6 +57,16 @@ def _rehome(path: str) -> str:
     return "{{ out }}/{{ inventory_hostname }}/" + path[len(prefix):]
 
 
+def flat(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tasks of a tasks file, those of its blocks (block, rescue, always) included."""
+    out = []
+    for task in tasks:
+        out.append(task)
+        for part in ("block", "rescue", "always"):
+            out += flat(task.get(part) or [])
+    return out
+
+
 def _role_task(tasks: list[dict[str, Any]], module: str, key: str, value: str) -> dict[str, Any]:
     """The task of tasks/configure.yml whose ``module`` has ``key: value``, writing into the test's directory
     (no owner, no validation by the launcher on the host, no handlers)."""
@@ -78,7 +88,7 @@ def _template_task(tasks: list[dict[str, Any]], src: str) -> dict[str, Any]:
 
 
 def playbook() -> list[dict[str, Any]]:
-    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8"))
+    tasks = flat(yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8")))
     (place,) = [t for t in tasks if t.get("name") == "Give each instance its GPUs and its KV path"]
     return [{
         "name": "Render the vllm_instance role's per-instance files into a temporary directory",

@@ -21,6 +21,7 @@ import yaml
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL, settings
+from ansible_collections.inferops.vllm.tests.unit.test_instance_templates import flat
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
@@ -154,7 +155,7 @@ def test_the_argument_spec_keeps_choices_only_where_no_better_message_exists():
 
 
 def test_the_role_installs_the_schema_and_the_vocabulary_beside_the_launcher():
-    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8"))
+    tasks = flat(yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8")))
     (task,) = [t for t in tasks
                if t["name"] == "Install the launcher, its schema and vocabulary, and the instance key middleware"]
     sources = [item["src"] for item in task["loop"]]

@@ -16,6 +16,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.inferops.vllm.plugins.filter.instance_toml import instance_setting_names, instance_toml
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_instance_schema as schema
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import launcher
+from ansible_collections.inferops.vllm.tests.unit.test_instance_templates import flat
 
 ROLE = Path(__file__).resolve().parents[4] / "roles" / "vllm_instance"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text(encoding="utf-8"))
@@ -56,7 +57,7 @@ def test_the_role_builds_its_settings_from_the_schema():
     variables = yaml.safe_load((ROLE / "vars" / "main.yml").read_text(encoding="utf-8"))
     assert "inferops.vllm.instance_setting_names" in variables["_vllm_instance_setting_names"]
     assert "_vllm_instance_setting_names" in variables["_vllm_instance_settings"]
-    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8"))
+    tasks = flat(yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8")))
     (render,) = [t for t in tasks if t["name"].startswith("Render each instance's config.toml")]
     assert "inferops.vllm.instance_toml(" in render["ansible.builtin.copy"]["content"]
     assert not (ROLE / "templates" / "instance.toml.j2").exists()
