@@ -301,7 +301,6 @@ class ConfigError(Exception):
         self.problems = list(problems)
 
 
-
 # --------------------------------------------------------------------------- validation
 
 

@@ -233,8 +233,8 @@ VALUES: dict[tuple[str, str], Callable[[Mapping, Mapping], Any]] = {
     ("server", "allowed_media_domains"): _media_domains,
     ("model", "name"): lambda i, h: h["model_path"],
     ("pd_disaggregation", "enabled"): lambda i, h: h["pd_role"] != "none",
-    **{("pd_disaggregation", key): _pd(key) for key in ("role", "kv_transfer_backend", "side_channel_host",
-                                                         "kv_transfer_port")},
+    **{("pd_disaggregation", key): _pd(key)
+       for key in ("role", "kv_transfer_backend", "side_channel_host", "kv_transfer_port")},
     ("cpu", "omp_threads_bind"): _cpus,
     ("devices", "cuda_visible_devices"): _gpus,
     **{("kv_fabric", key): _fabric(key) for key in ("transport", "net_devices", "tls", "ib_gid_index")},

@@ -40,6 +40,8 @@ def on_a_host(directory: Path) -> Path:
     for path in (LAUNCHER, *BESIDE):
         (directory / path.name).write_bytes(path.read_bytes())
     return directory / LAUNCHER.name
+
+
 # The launcher's own parser: tomllib on Python 3.11+, tomli on 3.10.
 TOML = launch.tomllib
 if TOML is None:  # pragma: no cover

@@ -160,7 +160,7 @@ def load_config(path: Path) -> dict[str, Any]:
         raise ConfigError([f"TOML syntax error: {exc}; fix the syntax"]) from exc
 
 
-
+# --------------------------------------------------------------------------- building
 
 
 def _format(value: Any) -> str:
