@@ -119,3 +119,26 @@ def test_the_rendered_file_is_what_the_launcher_runs():
     args = argv(config)
     assert args[:2] == ["serve", "/var/lib/vllm/m"] and args[args.index("--max-num-seqs") + 1] == "64"
     assert "--enforce-eager" in args
+
+
+@pytest.mark.parametrize("setting", [spec.setting for keys in schema.SCHEMA.values() for spec in keys.values()
+                                     if spec.setting and spec.kind == "str"])
+@pytest.mark.parametrize("override", [False, True])
+def test_the_preflight_names_the_variable_of_every_string_setting(setting, override):
+    """The preflight renders the TOML with the same function from what the host published, and names where a value
+    the launcher refuses comes from: a setting needs no code of its own there."""
+    from ansible_collections.inferops.vllm.plugins.filter.preflight import launcher_problems
+
+    bad = "not-a-value-vllm-takes"
+    host_settings = {**defaults(), "kv_buffer_device": "cpu"}
+    del host_settings["environment"], host_settings["extra_args"]  # publish.yml leaves them out
+    overrides = {setting: bad} if override else {}
+    instance = {"name": "decode-0", "port": 8200, "kv_transfer_port": 5700, "overrides": overrides,
+                "settings": {**host_settings, setting: bad}}
+    published = {"pd_role": "decode", "address": "10.0.0.21", "served_model_name": "m", "instances": [instance],
+                 "settings": host_settings if override else {**host_settings, setting: bad}, "model": "org/m",
+                 "model_is_local": False, "kv_transfer_backend": "nixl", "vllm_variant": "cpu", "api_key_set": False}
+    variable = f"vllm_instance_instances[decode-0].overrides.{setting}" if override else f"vllm_instance_{setting}"
+    (line,) = launcher_problems(published, "d1")
+    assert line.startswith(f"[launcher] d1/decode-0: {variable}: the launcher on the host would refuse"), line
+    assert f'"{bad}"' in line
