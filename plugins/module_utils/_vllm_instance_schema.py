@@ -167,6 +167,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                       setting="pipeline_parallel_size"),
         "enforce_eager": Key("bool", flag="--enforce-eager", setting="enforce_eager"),
         "trust_remote_code": Key("bool", flag="--trust-remote-code", setting="trust_remote_code"),
+        # Sampling defaults: "auto" = the model's generation_config.json, "vllm" = vLLM's own, or a directory.
+        "generation_config": Key("str", flag="--generation-config", setting="generation_config", omit="empty"),
     },
     "kv_cache": {
         "quant_dtype": Key("str", flag="--kv-cache-dtype", choices=VOCAB.KV_CACHE_DTYPES, setting="kv_cache_dtype"),
@@ -625,6 +627,14 @@ def _check_cross(
             )
 
     problems.extend(_check_kv_fabric(good.get("kv_fabric", {})))
+
+    generation_config = good.get("model", {}).get("generation_config")
+    if generation_config is not None and generation_config not in ("auto", "vllm") and generation_config[0] != "/":
+        problems.append(
+            f"model.generation_config: {json.dumps(generation_config)} is neither \"auto\" (the model's "
+            'generation_config.json), "vllm" (vLLM\'s own sampling defaults) nor an absolute directory holding a '
+            "generation_config.json; write one of those"
+        )
 
     for domain in good.get("server", {}).get("allowed_media_domains", []):
         if not MEDIA_DOMAIN_RE.fullmatch(domain):

@@ -293,6 +293,8 @@ FLAG_CASES = [
     ("model", "enforce_eager", False, []),
     ("model", "trust_remote_code", True, ["--trust-remote-code"]),
     ("model", "trust_remote_code", False, []),
+    ("model", "generation_config", "vllm", ["--generation-config", "vllm"]),
+    ("model", "generation_config", "/srv/generation", ["--generation-config", "/srv/generation"]),
     ("kv_cache", "quant_dtype", "fp8", ["--kv-cache-dtype", "fp8"]),
     ("kv_cache", "memory_bytes", 1073741824, ["--kv-cache-memory-bytes", "1073741824"]),
     ("kv_cache", "gpu_memory_utilization", 0.9, ["--gpu-memory-utilization", "0.9"]),
@@ -713,6 +715,15 @@ def test_dtype_rejected():
 @pytest.mark.parametrize("value", [1, 8, 16, 32, 64, 128])
 def test_block_size_accepted(value):
     assert flags_of(minimal(kv_cache={"block_size": value})) == ["--block-size", str(value)]
+
+
+@pytest.mark.parametrize("value", ["Vllm", "relative/dir", "none", "model"])
+def test_a_generation_config_vllm_would_read_as_a_relative_directory_is_refused(value):
+    """vLLM 0.32 reads any --generation-config but "auto" and "vllm" as a directory (ModelConfig.generation_config)."""
+    problem = only_problem(minimal(model={"generation_config": value}))
+    assert problem == (f'model.generation_config: "{value}" is neither "auto" (the model\'s generation_config.json), '
+                       '"vllm" (vLLM\'s own sampling defaults) nor an absolute directory holding a '
+                       "generation_config.json; write one of those")
 
 
 def test_block_size_rejected():
