@@ -28,8 +28,8 @@ LIMIT_SECONDS = 10.0
 
 
 def _load_filter():
-    # The filter imports the collection's private module_utils by their collection name: the checkout is
-    # linked as a collection under .ansible/collections (scripts/sandbox/tools.sh makes the link).
+    # The filter imports the collection's private plugin_utils and module_utils by their collection name: the
+    # checkout is linked as a collection under .ansible/collections (scripts/sandbox/tools.sh makes the link).
     sys.path.insert(0, str(REPO / ".ansible" / "collections"))
     return importlib.import_module("ansible_collections.inferops.vllm.plugins.filter.preflight")
 

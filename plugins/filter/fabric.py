@@ -1,7 +1,7 @@
 # Copyright (c) inferops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Filters that fit each vLLM instance's KV path to its host's fabric (rules in plugins/module_utils/_kv_fabric.py).
+"""Filters that fit each vLLM instance's KV path to its host's fabric (rules in plugins/plugin_utils/_kv_fabric.py).
 
 Documented in kv_fabric.yml and kv_fabric_problems.yml beside this file.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.inferops.vllm.plugins.module_utils import _kv_fabric
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _kv_fabric
 
 
 def _published_instances(published):

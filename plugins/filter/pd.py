@@ -13,7 +13,7 @@ import ipaddress
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import host_var
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import host_var
 
 # The record roles/vllm_instance/tasks/publish.yml sets on each prefill and decode host.
 PUBLISHED = "vllm_instance_published"

@@ -12,15 +12,16 @@ Which rule lives where (one place per rule):
     here                  every rule an inventory decides alone, across hosts: groups, names, ports,
                           prefill/decode parity, model and topology, quantization, capacity, removed
                           settings, client and drain timeouts, addresses, keys, booleans, and (the
-                          launcher check) each instance's TOML through the launcher's own validate().
+                          launcher check) each instance's TOML through the launcher's own validate()
+                          (plugins/module_utils/_vllm_instance_schema.py, beside the launcher on the hosts).
     _front_fallback.py    the front's fallback endpoints (vllm_router_front_fallbacks: name, URL and
                           clear text, key rule, model map against the served names, timeouts, body size),
                           run here by the ``fallbacks`` check and by the vllm_router role's preflight through
-                          the front_fallback_problems filter (plugins/module_utils/).
+                          the front_fallback_problems filter (plugins/plugin_utils/).
     _vllm_vocabulary.py   what vLLM accepts and what ``auto`` resolves to (plugins/module_utils/, shared
                           with the launcher on the hosts); _model_facts.py, _pd_instance.py and
-                          _kv_sizing.py beside it: the model's facts, an instance's resolved settings and
-                          its KV sizing.
+                          _kv_sizing.py in plugins/plugin_utils/ (the controller's): the model's facts, an
+                          instance's resolved settings and its KV sizing.
     the roles             rules that need facts or the host: the fallbacks' DNS resolver (vllm_router),
                           /dev/shm (vllm_instance), GPU memory and
                           GPU assignment (the gpu_assign filter in vllm_instance's configure), nft's
@@ -48,36 +49,34 @@ warning (``[WARNING]: PD preflight: ...``) without failing the run.
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import math
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from types import ModuleType
 from typing import Any
 
 import yaml
-from ansible_collections.inferops.vllm.plugins.module_utils import _front_fallback as front_fallback
-from ansible_collections.inferops.vllm.plugins.module_utils import _kv_fabric as kv_fabric
+from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_instance_schema as schema
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
-from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import kind as _kind
-from ansible_collections.inferops.vllm.plugins.module_utils._instance_toml import (
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _front_fallback as front_fallback
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _kv_fabric as kv_fabric
+from ansible_collections.inferops.vllm.plugins.plugin_utils._instance_toml import kind as _kind
+from ansible_collections.inferops.vllm.plugins.plugin_utils._instance_toml import (
     render,
     toml_role_variable,
     toml_variable,
 )
-from ansible_collections.inferops.vllm.plugins.module_utils._kv_sizing import size as _size
-from ansible_collections.inferops.vllm.plugins.module_utils._model_facts import model_facts
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_instance import Instance
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import host_var as _var
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import text as _text
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import to_float as _to_float
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import to_int as _to_int
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import undefined as _undefined
+from ansible_collections.inferops.vllm.plugins.plugin_utils._kv_sizing import size as _size
+from ansible_collections.inferops.vllm.plugins.plugin_utils._model_facts import model_facts
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_instance import Instance
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import host_var as _var
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import text as _text
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import to_float as _to_float
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import to_int as _to_int
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import undefined as _undefined
 
 try:
     from ansible.utils.display import Display
@@ -90,13 +89,6 @@ ROUTER_RECORD = "vllm_router_published"
 # What a published record holds in place of a value that refers to an undefined variable.
 UNDEFINED = "(undefined variable)"
 
-# The launcher, relative to the collection root: this file is <root>/plugins/filter/preflight.py in a
-# checkout and in an installed collection (ansible_collections/inferops/vllm/...) alike.
-LAUNCHER_PATH = ("roles", "vllm_instance", "files", "inferops_vllm_launch.py")
-LAUNCHER_MODULE = "_inferops_vllm_launch"
-# The name the launcher looks its vocabulary up under (its VOCABULARY_MODULE): registered with this
-# file's vocabulary before the launcher loads, so the two read one module.
-VOCABULARY_MODULE = "_inferops_vllm_vocabulary"
 # The rule for every API key the collection writes into an EnvironmentFile or nginx (the instances'
 # vllm_instance_api_key, the router's client keys): RFC 6750 bearer-token characters, 16 or more.
 API_KEY_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,}")
@@ -143,34 +135,6 @@ def _router_defaults() -> dict[str, Any]:
             with open(path, encoding="utf-8") as handle:
                 return yaml.safe_load(handle) or {}
     return {}
-
-
-def _load_launcher() -> ModuleType:
-    tried = _collection_paths(LAUNCHER_PATH)
-    for path in tried:
-        if not os.path.isfile(path):
-            continue
-        spec = importlib.util.spec_from_file_location(LAUNCHER_MODULE, path)
-        if spec is None or spec.loader is None:
-            continue
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[VOCABULARY_MODULE] = vocab
-        sys.modules[LAUNCHER_MODULE] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(LAUNCHER_MODULE, None)
-            raise
-        return module
-    raise ImportError(f"inferops.vllm: the vLLM instance launcher is not at {' or '.join(tried)}; the collection "
-                      "is incomplete (its roles/vllm_instance/files/ are needed by the preflight)")
-
-
-@lru_cache(maxsize=1)
-def launcher() -> ModuleType:
-    """roles/vllm_instance/files/inferops_vllm_launch.py as a module, reading this file's vocabulary: the
-    launcher check runs its validate() on each instance's TOML."""
-    return _load_launcher()
 
 
 def valid_api_key(value: Any, allow_empty: bool = False) -> bool:
@@ -1046,7 +1010,7 @@ def _check_router_secrets(rep: _Report, host: str, pub: Mapping[str, Any]) -> bo
 
 
 def _check_fallbacks(rep: _Report, inv: _Inventory) -> None:
-    """The front's fallback endpoints (module_utils/_front_fallback.py); keys are never shown."""
+    """The front's fallback endpoints (plugin_utils/_front_fallback.py); keys are never shown."""
     served = {_text(inst.published.get("served_model_name")) for inst in inv.instances}
     for host, pub in inv.router_pub.items():
         if pub.get("fallbacks") == UNDEFINED:
@@ -1090,7 +1054,7 @@ def _check_booleans(rep: _Report, inv: _Inventory, opts: Mapping[str, Any]) -> N
 
 
 def _launcher_config(inv: _Inventory, inst: Instance) -> tuple[dict[str, Any], dict[str, str], list[tuple[str, str]]]:
-    """The TOML the role would render for one instance (module_utils/_instance_toml.py), from its host's variables."""
+    """The TOML the role renders for one instance (plugin_utils/_instance_toml.py), from its host's variables."""
     return render(inst, inv.variables.get(inst.host))
 
 
@@ -1099,7 +1063,7 @@ def _launcher_verdict(inv: _Inventory, inst: Instance) -> list[tuple[str, str, s
     config, sources, unrenderable = _launcher_config(inv, inst)
     out = [(variable, what, "fix the variable; the instance's TOML cannot be rendered from it.")
            for variable, what in unrenderable]
-    for problem in launcher().validate(config):
+    for problem in schema.validate(config):
         where, _sep, rest = problem.partition(": ")
         what, _sep, fix = rest.partition("; ")
         fix = fix or "change it to a value the launcher accepts."

@@ -8,10 +8,10 @@ any release. Other collections must not import it.
 
 Who reads it
     - the controller-side preflight (plugins/filter/preflight.py) imports it;
-    - the launcher (roles/vllm_instance/files/inferops_vllm_launch.py) loads it from its own directory
-      on the hosts (the vllm_instance role copies this file beside the launcher), or from the
-      collection's plugins/module_utils/ in a checkout or an installed collection.
-So it is standard library only, and runs on the hosts' python3 (3.11+) as on the controller.
+    - the instance TOML's schema (_vllm_instance_schema.py beside it) imports it, on the controller as on the
+      hosts, where the vllm_instance role copies both files beside the launcher
+      (roles/vllm_instance/files/inferops_vllm_launch.py), which imports the schema by name from its directory.
+So it is standard library only, and runs on the hosts' python3 (3.10+) as on the controller.
 
 What it holds
     the values vLLM accepts (DTYPES, QUANTIZATION_METHODS, KV_CACHE_DTYPES, BLOCK_SIZES, ...), the

@@ -6,8 +6,9 @@ directory is written), then renders each instance's config.toml and the unit dro
 own tasks from tasks/configure.yml (read from the file, only their destination moved into the
 temporary directory). Two inventories, the second with one more prefill and one more decode host: the
 files of the instances that exist in both must be byte for byte the same, so adding (or removing) a
-peer restarts no running instance. The rendered TOML must also be exactly what the preflight's mirror
-of the template (plugins/filter/preflight.py) builds, and what the launcher accepts.
+peer restarts no running instance. The role and the preflight render the TOML with one function
+(plugins/plugin_utils/_instance_toml.py); what the role gives it on a host and what the preflight gives it
+from the published record must make the same TOML, which the launcher accepts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import launcher
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "vllm_instance"
@@ -55,6 +57,16 @@ def _rehome(path: str) -> str:
     return "{{ out }}/{{ inventory_hostname }}/" + path[len(prefix):]
 
 
+def flat(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tasks of a tasks file, those of its blocks (block, rescue, always) included."""
+    out = []
+    for task in tasks:
+        out.append(task)
+        for part in ("block", "rescue", "always"):
+            out += flat(task.get(part) or [])
+    return out
+
+
 def _role_task(tasks: list[dict[str, Any]], module: str, key: str, value: str) -> dict[str, Any]:
     """The task of tasks/configure.yml whose ``module`` has ``key: value``, writing into the test's directory
     (no owner, no validation by the launcher on the host, no handlers)."""
@@ -63,6 +75,7 @@ def _role_task(tasks: list[dict[str, Any]], module: str, key: str, value: str) -
     args = {k: v for k, v in task[module].items() if k not in ("owner", "group", "validate")}
     if module == "ansible.builtin.template":
         args["src"] = str(ROLE / "templates" / args["src"])
+    if "dest" in args:
         args["dest"] = _rehome(args["dest"])
     else:
         args["path"] = _rehome(args["path"])
@@ -75,7 +88,7 @@ def _template_task(tasks: list[dict[str, Any]], src: str) -> dict[str, Any]:
 
 
 def playbook() -> list[dict[str, Any]]:
-    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8"))
+    tasks = flat(yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8")))
     (place,) = [t for t in tasks if t.get("name") == "Give each instance its GPUs and its KV path"]
     return [{
         "name": "Render the vllm_instance role's per-instance files into a temporary directory",
@@ -90,10 +103,10 @@ def playbook() -> list[dict[str, Any]]:
             {"name": "The host's directory", "ansible.builtin.file": {
                 "path": "{{ out }}/{{ inventory_hostname }}", "state": "directory", "mode": "0700"}},
             place,
-            _template_task(tasks, "instance.toml.j2"),
+            _role_task(tasks, "ansible.builtin.copy", "dest", "{{ vllm_instance_config_dir }}/{{ item.name }}.toml"),
             _role_task(tasks, "ansible.builtin.file", "path", "/etc/systemd/system/vllm@{{ item.name }}.service.d"),
             _template_task(tasks, "instance-stop.conf.j2"),
-            # What the preflight's mirror of the template is given (as the role's preflight passes it).
+            # What the preflight renders the TOML from (as the role's preflight passes it).
             {"name": "What the host published", "ansible.builtin.copy": {
                 "dest": "{{ out }}/{{ inventory_hostname }}/published.json", "mode": "0600",
                 "content": "{{ {'published': vllm_instance_published, 'variables': {"
@@ -197,8 +210,8 @@ def test_adding_a_peer_changes_no_existing_instances_config(renders):
             assert "10.0.0.12" not in before and "10.0.0.22" not in before
 
 
-def test_the_rendered_toml_is_the_preflights_mirror_and_the_launcher_accepts_it(renders):
-    launch = pf.launcher()
+def test_the_role_and_the_preflight_render_the_same_toml_and_the_launcher_accepts_it(renders):
+    launch = launcher()
     for peers, out in renders.items():
         for host in ("p1", "p2", "d1", "d2"):
             if not (out / host).is_dir():
@@ -216,7 +229,7 @@ def test_the_rendered_toml_is_the_preflights_mirror_and_the_launcher_accepts_it(
 
 def test_the_drain_and_the_kv_load_failure_policy_per_instance(renders):
     out = renders[True]
-    launch = pf.launcher()
+    launch = launcher()
 
     def toml(host: str, name: str) -> dict[str, Any]:
         return launch.tomllib.loads((out / host / f"{name}.toml").read_text(encoding="utf-8"))
@@ -235,7 +248,7 @@ def test_the_drain_and_the_kv_load_failure_policy_per_instance(renders):
 def test_the_kv_path_of_a_cpu_build_is_tcp_and_an_instance_may_set_its_ucx_transports(renders):
     """The cpu build's `auto` transport is tcp: the TOML says so and sets no UCX variable unless asked."""
     out = renders[True]
-    launch = pf.launcher()
+    launch = launcher()
     for host, name in (("p1", "prefill-0"), ("p2", "prefill-0"), ("d1", "decode-0"), ("d2", "decode-0")):
         config = launch.tomllib.loads((out / host / f"{name}.toml").read_text(encoding="utf-8"))
         assert config["kv_fabric"] == {"transport": "tcp"}, (host, name)

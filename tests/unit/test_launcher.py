@@ -28,6 +28,20 @@ def _import_launcher(name: str = "inferops_vllm_launch") -> types.ModuleType:
 
 
 launch = _import_launcher()
+VOCAB = launch.schema.VOCAB  # what vLLM accepts, as the launcher's schema reads it
+# On a host the launcher imports these by name from its own directory (the vllm_instance role copies them there).
+BESIDE = [Path(launch.schema.__file__), Path(VOCAB.__file__), LAUNCHER.parent / "inferops_vllm_auth.py"]
+
+
+def on_a_host(directory: Path) -> Path:
+    """The launcher as the vllm_instance role installs it: a copy beside copies of its schema and vocabulary
+    (a script run from the checkout finds no schema beside it)."""
+    directory.mkdir(exist_ok=True)
+    for path in (LAUNCHER, *BESIDE):
+        (directory / path.name).write_bytes(path.read_bytes())
+    return directory / LAUNCHER.name
+
+
 # The launcher's own parser: tomllib on Python 3.11+, tomli on 3.10.
 TOML = launch.tomllib
 if TOML is None:  # pragma: no cover
@@ -61,7 +75,7 @@ def args_of(config: dict, environ: dict | None = None) -> list[str]:
 
 
 # Last on every argv: no media domain (and, with an API key, the key middleware).
-NO_MEDIA = ["--allowed-media-domains", launch.NO_MEDIA_DOMAIN]
+NO_MEDIA = ["--allowed-media-domains", launch.schema.NO_MEDIA_DOMAIN]
 KEY_MIDDLEWARE = ["--middleware", "inferops_vllm_auth.InstanceKeyMiddleware"]
 
 
@@ -287,6 +301,8 @@ FLAG_CASES = [
     ("model", "enforce_eager", False, []),
     ("model", "trust_remote_code", True, ["--trust-remote-code"]),
     ("model", "trust_remote_code", False, []),
+    ("model", "generation_config", "vllm", ["--generation-config", "vllm"]),
+    ("model", "generation_config", "/srv/generation", ["--generation-config", "/srv/generation"]),
     ("kv_cache", "quant_dtype", "fp8", ["--kv-cache-dtype", "fp8"]),
     ("kv_cache", "memory_bytes", 1073741824, ["--kv-cache-memory-bytes", "1073741824"]),
     ("kv_cache", "gpu_memory_utilization", 0.9, ["--gpu-memory-utilization", "0.9"]),
@@ -310,7 +326,7 @@ def test_each_key_maps_to_its_flag(section, key, value, expected):
 
 def test_flag_cases_cover_every_flag_in_the_schema():
     """Adding a flag-mapped key to the schema without a mapping test fails here."""
-    mapped = {(s, k) for s, keys in launch.SCHEMA.items() for k, spec in keys.items() if spec.flag}
+    mapped = {(s, k) for s, keys in launch.schema.SCHEMA.items() for k, spec in keys.items() if spec.flag}
     # server.allowed_media_domains: last on argv, tested on its own (test_media_domains_*).
     tested = {case[:2] for case in FLAG_CASES} | {("server", "allowed_media_domains")}
     assert mapped == tested
@@ -334,7 +350,7 @@ def test_each_env_key_maps_to_its_variable(section, key, value, var, expected):
 
 
 def test_env_cases_cover_every_env_key_in_the_schema():
-    mapped = {(s, k) for s, keys in launch.SCHEMA.items() for k, spec in keys.items() if spec.env}
+    mapped = {(s, k) for s, keys in launch.schema.SCHEMA.items() for k, spec in keys.items() if spec.env}
     tested = {case[:2] for case in ENV_CASES} | {
         ("pd_disaggregation", "side_channel_host"),
         ("pd_disaggregation", "kv_transfer_port"),
@@ -489,7 +505,8 @@ def test_pd_instances_do_not_change_argv():
 
 def test_pd_instances_are_documented_as_informational_and_ignored():
     """Hand-written configs (the sources' skeletons) may keep the peer lists; the role no longer writes them."""
-    entry = launch.__doc__.split("prefill_instances / decode_instances", 1)[1].split("cpu.omp_threads_bind", 1)[0]
+    doc = launch.schema.__doc__
+    entry = doc.split("prefill_instances / decode_instances", 1)[1].split("cpu.omp_threads_bind", 1)[0]
     entry = " ".join(entry.split())
     assert "ignored" in entry and "informational" in entry and "no longer writes them" in entry
 
@@ -499,7 +516,7 @@ def transfer_config(config: dict) -> dict:
     return json.loads(args[args.index("--kv-transfer-config") + 1])
 
 
-@pytest.mark.parametrize("policy", launch.VOCAB.KV_LOAD_FAILURE_POLICIES)
+@pytest.mark.parametrize("policy", VOCAB.KV_LOAD_FAILURE_POLICIES)
 def test_pd_kv_load_failure_policy_goes_into_the_consumers_transfer_config(policy):
     config = minimal(pd_disaggregation=pd(role="decode", kv_load_failure_policy=policy))
     assert transfer_config(config) == {"kv_buffer_device": "cuda", "kv_connector": "NixlConnector",
@@ -515,7 +532,7 @@ def test_pd_kv_load_failure_policy_absent_leaves_vllms_default():
     assert "kv_load_failure_policy" not in transfer_config(minimal(pd_disaggregation=pd(role="decode")))
 
 
-@pytest.mark.parametrize("policy", launch.VOCAB.KV_LOAD_FAILURE_POLICIES)
+@pytest.mark.parametrize("policy", VOCAB.KV_LOAD_FAILURE_POLICIES)
 def test_pd_kv_load_failure_policy_is_accepted_and_ignored_on_a_producer(policy):
     config = minimal(pd_disaggregation=pd(role="prefill", kv_load_failure_policy=policy))
     assert problems_of(config) == []
@@ -610,7 +627,7 @@ def test_token_eviction_message_names_the_alternatives(key):
 
 
 def test_rejected_cases_cover_the_rejected_table():
-    assert {case[:2] for case in REJECTED_CASES} == set(launch.REJECTED_KEYS)
+    assert {case[:2] for case in REJECTED_CASES} == set(launch.schema.REJECTED_KEYS)
 
 
 def test_rejected_api_key_value_is_not_echoed():
@@ -673,7 +690,7 @@ def test_choices_are_case_sensitive_with_a_hint():
     assert problem == 'kv_cache.quant_dtype: "FP8" is not supported (values are case-sensitive); write "fp8"'
 
 
-@pytest.mark.parametrize("value", list(launch.VOCAB.QUANTIZATION_METHODS))
+@pytest.mark.parametrize("value", list(VOCAB.QUANTIZATION_METHODS))
 def test_quantization_methods_accepted(value):
     assert flags_of(minimal(model={"quantization": value})) == ["--quantization", value]
 
@@ -706,6 +723,15 @@ def test_dtype_rejected():
 @pytest.mark.parametrize("value", [1, 8, 16, 32, 64, 128])
 def test_block_size_accepted(value):
     assert flags_of(minimal(kv_cache={"block_size": value})) == ["--block-size", str(value)]
+
+
+@pytest.mark.parametrize("value", ["Vllm", "relative/dir", "none", "model"])
+def test_a_generation_config_vllm_would_read_as_a_relative_directory_is_refused(value):
+    """vLLM 0.32 reads any --generation-config but "auto" and "vllm" as a directory (ModelConfig.generation_config)."""
+    problem = only_problem(minimal(model={"generation_config": value}))
+    assert problem == (f'model.generation_config: "{value}" is neither "auto" (the model\'s generation_config.json), '
+                       '"vllm" (vLLM\'s own sampling defaults) nor an absolute directory holding a '
+                       "generation_config.json; write one of those")
 
 
 def test_block_size_rejected():
@@ -999,15 +1025,15 @@ def test_key_variable_may_not_be_set_in_environment_table():
 # --------------------------------------------------------------------------- [environment]
 
 
-@pytest.mark.parametrize("name", sorted(set(launch.ENV_OWNERS) - {"VLLM_API_KEY"}))
+@pytest.mark.parametrize("name", sorted(set(launch.schema.ENV_OWNERS) - {"VLLM_API_KEY"}))
 def test_environment_cannot_set_launcher_variables(name):
-    owner = launch.ENV_OWNERS[name]
+    owner = launch.schema.ENV_OWNERS[name]
     problem = only_problem(minimal(environment={name: "x"}))
     assert problem == f"environment.{name}: {name} is set by the launcher from {owner}; set {owner} instead"
 
 
 def test_environment_owned_variables_are_the_expected_ones():
-    assert launch.ENV_OWNERS == {
+    assert launch.schema.ENV_OWNERS == {
         "VLLM_API_KEY": "server.api_key_env",
         "INFEROPS_VLLM_API_KEYS_FILE": "server.api_keys_file",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "pd_disaggregation.side_channel_host",
@@ -1098,9 +1124,9 @@ def test_environment_section_must_be_a_table():
 # --------------------------------------------------------------------------- extra.args escape hatch
 
 
-@pytest.mark.parametrize("flag", sorted(launch.FLAG_OWNERS))
+@pytest.mark.parametrize("flag", sorted(launch.schema.FLAG_OWNERS))
 def test_extra_args_cannot_pass_generated_flags(flag):
-    owner = launch.FLAG_OWNERS[flag]
+    owner = launch.schema.FLAG_OWNERS[flag]
     problem = only_problem(minimal(extra={"args": [flag, "1"]}))
     assert problem == (
         f'extra.args[0]: "{flag}" is not allowed: {flag} is generated from {owner}; set {owner} in the TOML instead'
@@ -1109,8 +1135,8 @@ def test_extra_args_cannot_pass_generated_flags(flag):
 
 def test_generated_flags_include_both_boolean_spellings():
     for name in ("enforce-eager", "trust-remote-code", "enable-prefix-caching", "enable-chunked-prefill"):
-        assert f"--{name}" in launch.FLAG_OWNERS
-        assert f"--no-{name}" in launch.FLAG_OWNERS
+        assert f"--{name}" in launch.schema.FLAG_OWNERS
+        assert f"--no-{name}" in launch.schema.FLAG_OWNERS
 
 
 def test_escape_hatch_cannot_override_a_flag_the_toml_sets():
@@ -1339,7 +1365,7 @@ def test_check_mode_invalid_config_exit_2(write_toml, capsys, no_exec):
     assert err.splitlines() == [
         f'{PREFIX}: {path}: server.port: must be an integer, got string "8100"; write 8100 without quotes',
         f"{PREFIX}: {path}: server.prot: unknown key; did you mean 'port'?",
-        f"{PREFIX}: {path}: kv_cache.swap_space: " + launch.REJECTED_KEYS["kv_cache", "swap_space"],
+        f"{PREFIX}: {path}: kv_cache.swap_space: " + launch.schema.REJECTED_KEYS["kv_cache", "swap_space"],
     ]
 
 
@@ -1516,7 +1542,8 @@ def _start_launcher(tmp_path: Path, how: str) -> tuple[subprocess.Popen, Path]:
     marks = tmp_path / "pids"
     config = tmp_path / "inst.toml"
     config.write_text(f'[server]\n[model]\nname = "{how}"\n[extra]\nargs = ["--marks={marks}"]\n')
-    proc = subprocess.Popen([sys.executable, str(LAUNCHER), "--config", str(config), "--vllm-bin", str(fake)],
+    host = on_a_host(tmp_path / "lib")
+    proc = subprocess.Popen([sys.executable, str(host), "--config", str(config), "--vllm-bin", str(fake)],
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
     while not (Path(f"{marks}.main").exists() and Path(f"{marks}.orphan").exists()):
@@ -1572,7 +1599,7 @@ def test_log_line_quotes_values_for_the_shell(write_toml, capsys, fake_exec):
     assert launch.main(["--config", str(path), "--vllm-bin", "/v/vllm"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == (f"{PREFIX}: exec: /v/vllm serve /m --served-model-name 'my model' "
-                      f"--allowed-media-domains {launch.NO_MEDIA_DOMAIN}")
+                      f"--allowed-media-domains {launch.schema.NO_MEDIA_DOMAIN}")
     assert err[1] == f"{PREFIX}: env: UCX_LOG_FILE='/var/log/ucx %h.log'"
 
 
@@ -1637,30 +1664,30 @@ def test_loggable(name, value, shown):
 
 
 def test_every_variable_the_launcher_sets_is_logged_in_the_clear_except_the_key():
-    for name in launch.ENV_OWNERS:
-        assert launch.loggable(name, "x") is (name != launch.API_KEY_VAR), name
+    for name in launch.schema.ENV_OWNERS:
+        assert launch.loggable(name, "x") is (name != launch.schema.API_KEY_VAR), name
 
 
 # --------------------------------------------------------------------------- as a script
 
 
-def test_script_check_mode_end_to_end(write_toml):
+def test_script_check_mode_end_to_end(write_toml, tmp_path):
     path = write_toml('[server]\nport = 8100\n[model]\nname = "m"\n')
     result = subprocess.run(
-        [sys.executable, str(LAUNCHER), "--config", str(path), "--check", "--vllm-bin", "/x/vllm"],
+        [sys.executable, str(on_a_host(tmp_path / "lib")), "--config", str(path), "--check", "--vllm-bin", "/x/vllm"],
         capture_output=True,
         text=True,
         check=False,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == (f"{PREFIX}: exec: /x/vllm serve m --port 8100 "
-                             f"--allowed-media-domains {launch.NO_MEDIA_DOMAIN}\n{PREFIX}: {path}: config OK\n")
+                             f"--allowed-media-domains {launch.schema.NO_MEDIA_DOMAIN}\n{PREFIX}: {path}: config OK\n")
 
 
-def test_script_invalid_config_end_to_end(write_toml):
+def test_script_invalid_config_end_to_end(write_toml, tmp_path):
     path = write_toml('[server]\nport = true\n[model]\nname = "m"\n')
     result = subprocess.run(
-        [sys.executable, str(LAUNCHER), "--config", str(path), "--check"],
+        [sys.executable, str(on_a_host(tmp_path / "lib")), "--config", str(path), "--check"],
         capture_output=True,
         text=True,
         check=False,
@@ -1670,26 +1697,30 @@ def test_script_invalid_config_end_to_end(write_toml):
     assert result.stderr.startswith(f"{PREFIX}: {path}: server.port: must be an integer, got boolean true")
 
 
-def test_the_preflight_and_this_launcher_read_one_vocabulary_module():
-    # The launcher runs on hosts with the standard library only; it reads the collection's vocabulary
-    # module (beside it on a host, plugins/module_utils/ here), which the controller-side preflight imports.
+def test_the_preflight_and_this_launcher_read_one_schema_and_one_vocabulary():
+    # The launcher runs on hosts with the standard library only; it imports the collection's schema module
+    # (beside it on a host, plugins/module_utils/ here), which imports the vocabulary beside it. The
+    # controller-side preflight imports both modules by their collection names: one module each, no copy.
     from ansible_collections.inferops.vllm.plugins.filter import preflight
-    from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary
+    from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_instance_schema, _vllm_vocabulary
 
-    assert Path(preflight.launcher().__file__).resolve() == LAUNCHER
-    assert preflight.vocab is _vllm_vocabulary and preflight.launcher().VOCAB is _vllm_vocabulary
-    assert Path(launch.VOCAB.__file__).resolve() == Path(_vllm_vocabulary.__file__).resolve()
-    assert launch.VOCABULARY_MODULE == preflight.VOCABULARY_MODULE
+    assert launch.schema is _vllm_instance_schema and preflight.schema is _vllm_instance_schema
+    assert preflight.vocab is _vllm_vocabulary and VOCAB is _vllm_vocabulary
+    assert launch.validate is _vllm_instance_schema.validate
     for name in ("DTYPES", "QUANTIZATION_METHODS", "KV_CACHE_DTYPES", "BLOCK_SIZES", "DEFAULT_BLOCK_SIZES",
                  "KV_TRANSFER_BACKENDS", "KV_BUFFER_DEVICES", "LOW_BIT_KV_RE", "DTYPE_SYNONYMS", "AUTO_DTYPES",
                  "KV_LOAD_FAILURE_POLICIES", "CHECKPOINT_DTYPES", "DTYPE_BYTES"):
         assert not hasattr(preflight, name), name
         assert not hasattr(launch, name), name
+        assert not hasattr(launch.schema, name), name
+    for name in ("SCHEMA", "Key", "RESERVED_FLAGS", "REJECTED_KEYS"):
+        assert not hasattr(launch, name), name
     sources = [(LAUNCHER.parents[3] / "plugins" / "filter" / "preflight.py").read_text(encoding="utf-8"),
-               LAUNCHER.read_text(encoding="utf-8")]
+               LAUNCHER.read_text(encoding="utf-8"), Path(_vllm_instance_schema.__file__).read_text(encoding="utf-8")]
     for source in sources:
         for value in ('"compressed-tensors"', '"fp8_e5m2"', "(1, 8, 16, 32, 64, 128)", '"experts_int8"'):
             assert value not in source, value
+        assert "importlib" not in source and "spec_from_file_location" not in source
 
 
 # --------------------------------------------------------------------------- vocabulary: resolved values
@@ -1709,7 +1740,7 @@ def test_the_preflight_and_this_launcher_read_one_vocabulary_module():
     ("bfloat16", "float16", "bfloat16"),
 ])
 def test_resolve_dtype(dtype, checkpoint, resolved):
-    assert launch.VOCAB.resolve_dtype(dtype, checkpoint) == resolved
+    assert VOCAB.resolve_dtype(dtype, checkpoint) == resolved
 
 
 @pytest.mark.parametrize(("kv", "model", "resolved"), [
@@ -1723,7 +1754,7 @@ def test_resolve_dtype(dtype, checkpoint, resolved):
     ("bfloat16", "float16", "bfloat16"),
 ])
 def test_resolve_kv_cache_dtype(kv, model, resolved):
-    assert launch.VOCAB.resolve_kv_cache_dtype(kv, model) == resolved
+    assert VOCAB.resolve_kv_cache_dtype(kv, model) == resolved
 
 
 @pytest.mark.parametrize(("block", "variant", "resolved"), [
@@ -1731,15 +1762,15 @@ def test_resolve_kv_cache_dtype(kv, model, resolved):
     (0, "rocm", 16),
 ])
 def test_resolve_block_size(block, variant, resolved):
-    assert launch.VOCAB.resolve_block_size(block, variant) == resolved
+    assert VOCAB.resolve_block_size(block, variant) == resolved
 
 
 def test_vocabulary_resolves_into_itself():
-    assert set(launch.VOCAB.DEFAULT_BLOCK_SIZES.values()) <= set(launch.VOCAB.BLOCK_SIZES)
-    assert set(launch.VOCAB.DTYPE_SYNONYMS) | set(launch.VOCAB.DTYPE_SYNONYMS.values()) <= set(launch.VOCAB.DTYPES)
-    assert set(launch.VOCAB.AUTO_DTYPES.values()) <= set(launch.VOCAB.DTYPES)
-    kv_synonyms = set(launch.VOCAB.KV_CACHE_DTYPE_SYNONYMS) | set(launch.VOCAB.KV_CACHE_DTYPE_SYNONYMS.values())
-    assert kv_synonyms <= set(launch.VOCAB.KV_CACHE_DTYPES)
+    assert set(VOCAB.DEFAULT_BLOCK_SIZES.values()) <= set(VOCAB.BLOCK_SIZES)
+    assert set(VOCAB.DTYPE_SYNONYMS) | set(VOCAB.DTYPE_SYNONYMS.values()) <= set(VOCAB.DTYPES)
+    assert set(VOCAB.AUTO_DTYPES.values()) <= set(VOCAB.DTYPES)
+    kv_synonyms = set(VOCAB.KV_CACHE_DTYPE_SYNONYMS) | set(VOCAB.KV_CACHE_DTYPE_SYNONYMS.values())
+    assert kv_synonyms <= set(VOCAB.KV_CACHE_DTYPES)
 
 
 # --------------------------------------------------------------------------- media domains, key middleware (issue #25)
@@ -1750,7 +1781,7 @@ def test_media_domains_none_by_default_and_when_empty():
     for server in ({}, {"allowed_media_domains": []}):
         args = args_of(minimal(server=server))
         assert args[-2:] == ["--allowed-media-domains", "media-urls-disabled.invalid"]
-        assert launch.NO_MEDIA_DOMAIN.endswith(".invalid")  # RFC 6761: never resolves
+        assert launch.schema.NO_MEDIA_DOMAIN.endswith(".invalid")  # RFC 6761: never resolves
 
 
 def test_media_domains_listed_are_passed_as_separate_arguments_last():
@@ -1863,7 +1894,7 @@ def test_api_keys_file_refusals(server, fragment):
     ("auto", None), ("nobind", None), ("", None), ("0-", None), ("a-b", None),
 ])
 def test_bound_cpus(bind, cpus):
-    assert launch.bound_cpus(bind) == cpus
+    assert launch.schema.bound_cpus(bind) == cpus
 
 
 @pytest.mark.parametrize("bind", ["0-", "cores 0-3", "0;1"])
@@ -1910,7 +1941,8 @@ def test_every_process_of_the_instance_inherits_the_cpus(tmp_path):
     fake.chmod(0o755)
     config = tmp_path / "inst.toml"
     config.write_text(f'[server]\n[model]\nname = "/m"\n[cpu]\nomp_threads_bind = "{cpu}"\n')
-    result = subprocess.run([sys.executable, str(LAUNCHER), "--config", str(config), "--vllm-bin", str(fake)],
+    installed = on_a_host(tmp_path / "lib")
+    result = subprocess.run([sys.executable, str(installed), "--config", str(config), "--vllm-bin", str(fake)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str([cpu])

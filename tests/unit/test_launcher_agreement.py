@@ -31,6 +31,7 @@ from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import se
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
 VOCABULARY_FILE = REPO / "plugins" / "module_utils" / "_vllm_vocabulary.py"
+SCHEMA_FILE = REPO / "plugins" / "module_utils" / "_vllm_instance_schema.py"
 
 
 def _import_launcher():
@@ -42,6 +43,7 @@ def _import_launcher():
 
 # The launcher as a host runs it, imported on its own (not through the preflight).
 launch = _import_launcher()
+VOCAB = launch.schema.VOCAB  # what vLLM accepts, as the launcher's schema reads it
 
 
 def settings(**kw: Any) -> dict[str, Any]:
@@ -114,16 +116,16 @@ REFUSED_SAMPLES = {
     "kv_transport": ["ib", "roce", "RDMA", "TCP", "infiniband"],
 }
 VOCABULARY = {
-    "dtype": ("model", "dtype", launch.VOCAB.DTYPES),
-    "quantization": ("model", "quantization", launch.VOCAB.QUANTIZATION_METHODS),
-    "kv_cache_dtype": ("kv_cache", "quant_dtype", launch.VOCAB.KV_CACHE_DTYPES),
-    "block_size": ("kv_cache", "block_size", launch.VOCAB.BLOCK_SIZES),
-    "kv_buffer_device": ("pd_disaggregation", "kv_buffer_device", launch.VOCAB.KV_BUFFER_DEVICES),
-    "kv_transfer_backend": ("pd_disaggregation", "kv_transfer_backend", tuple(launch.VOCAB.KV_TRANSFER_BACKENDS)),
+    "dtype": ("model", "dtype", VOCAB.DTYPES),
+    "quantization": ("model", "quantization", VOCAB.QUANTIZATION_METHODS),
+    "kv_cache_dtype": ("kv_cache", "quant_dtype", VOCAB.KV_CACHE_DTYPES),
+    "block_size": ("kv_cache", "block_size", VOCAB.BLOCK_SIZES),
+    "kv_buffer_device": ("pd_disaggregation", "kv_buffer_device", VOCAB.KV_BUFFER_DEVICES),
+    "kv_transfer_backend": ("pd_disaggregation", "kv_transfer_backend", tuple(VOCAB.KV_TRANSFER_BACKENDS)),
     "gpu_memory_utilization": ("kv_cache", "gpu_memory_utilization", (0.05, 0.5, 0.9, 1.0)),
-    "kv_load_failure_policy": ("pd_disaggregation", "kv_load_failure_policy", launch.VOCAB.KV_LOAD_FAILURE_POLICIES),
+    "kv_load_failure_policy": ("pd_disaggregation", "kv_load_failure_policy", VOCAB.KV_LOAD_FAILURE_POLICIES),
     "shutdown_timeout": ("server", "shutdown_timeout", (0, 1, 60, 86400)),
-    "kv_transport": ("kv_fabric", "transport", launch.VOCAB.KV_TRANSPORTS),
+    "kv_transport": ("kv_fabric", "transport", VOCAB.KV_TRANSPORTS),
 }
 # Settings only decode instances render (a producer loads no KV): the role's preflight of a prefill host
 # does not see them (the role's argument spec refuses a bad value there), pd_preflight checks them everywhere.
@@ -146,16 +148,16 @@ ALLOWED_ARGS = [
 REFUSED_ARGS = (
     # Every flag the launcher generates (both boolean spellings) and every reserved flag, in the
     # spellings vLLM accepts; the secret-bearing ones with a secret that must not be shown.
-    [[flag, "1"] for flag in launch.FLAG_OWNERS]
-    + [[f"{flag}={SECRET}"] for flag in launch.RESERVED_FLAGS]
-    + [[flag.replace("-", "_").replace("__", "--", 1), SECRET] for flag in launch.RESERVED_FLAGS]
-    + [[alias, "2"] for alias in launch.SHORT_ALIASES]
+    [[flag, "1"] for flag in launch.schema.FLAG_OWNERS]
+    + [[f"{flag}={SECRET}"] for flag in launch.schema.RESERVED_FLAGS]
+    + [[flag.replace("-", "_").replace("__", "--", 1), SECRET] for flag in launch.schema.RESERVED_FLAGS]
+    + [[alias, "2"] for alias in launch.schema.SHORT_ALIASES]
     + [["--openai-api-key", SECRET], ["--db-password", SECRET], [f"--s3-secret={SECRET}"], ["--access-token", SECRET],
        ["--api", SECRET], ["--hf-tok", SECRET], ["--max-model", "512"], ["-qawq"], ["max-log-len", "100"]]
 )
 ALLOWED_ENV = ["UCX_RNDV_SCHEME", "UCX_LOG_LEVEL", "HTTPS_PROXY", "HF_HUB_OFFLINE", "OMP_NUM_THREADS",
                "VLLM_LOGGING_LEVEL"]
-REFUSED_ENV = [*launch.ENV_OWNERS, "lower_case", "1ABC", "WITH-DASH"]
+REFUSED_ENV = [*launch.schema.ENV_OWNERS, "lower_case", "1ABC", "WITH-DASH"]
 
 ALL_CASES = (
     VALUE_CASES
@@ -190,12 +192,12 @@ def _inventory_for(case) -> tuple[dict[str, Any], dict[str, list[str]]]:
 def test_every_choice_of_the_launchers_schema_is_walked():
     """A key with a list of values added to the launcher's SCHEMA must be walked here (VOCABULARY)."""
     walked = {(section, key) for section, key, _accepted in VOCABULARY.values()}
-    with_choices = {(section, key) for section, keys in launch.SCHEMA.items() for key, spec in keys.items()
+    with_choices = {(section, key) for section, keys in launch.schema.SCHEMA.items() for key, spec in keys.items()
                     if spec.choices}
     # The PD role comes from the inventory group, checked by the groups check.
     assert with_choices - walked == {("pd_disaggregation", "role")}
     for setting, (section, key, accepted) in VOCABULARY.items():
-        spec = launch.SCHEMA[section][key]
+        spec = launch.schema.SCHEMA[section][key]
         if spec.choices:
             assert tuple(accepted) == tuple(spec.choices), setting
 
@@ -372,7 +374,7 @@ def test_the_defaults_come_from_the_vocabulary(monkeypatch):
     """Change the vocabulary and the preflight follows: it has no copy of its own, and the launcher it runs
     reads the same module."""
     loaded = pf.vocab
-    assert pf.launcher().VOCAB is loaded
+    assert pf.schema.VOCAB is loaded and launch.schema is pf.schema
     both = {"prefill": {"variant": "cuda", "block_size": 0}, "decode": {"variant": "cuda", "block_size": 32}}
     assert parity(pf.pd_preflight(*hostvars(**both)), "vllm_instance_block_size") == []
     monkeypatch.setitem(loaded.DEFAULT_BLOCK_SIZES, "cuda", 64)
@@ -476,42 +478,21 @@ def test_pd_preflight_checks_the_client_keys_without_showing_them():
 # --- one vocabulary, wherever it is written down (the argument spec: tests/unit/test_vocabulary.py) --------
 
 
-def test_the_launcher_is_found_in_an_installed_collection(tmp_path, monkeypatch):
-    """ansible-galaxy installs the collection as ansible_collections/inferops/vllm/ with roles/ beside
-    plugins/: the preflight finds the launcher there, and the launcher its vocabulary in plugins/module_utils/
-    (copies, no symlink back to this checkout)."""
-    root = tmp_path / "ansible_collections" / "inferops" / "vllm"
-    relatives = ["plugins/filter/preflight.py", "roles/vllm_instance/files/inferops_vllm_launch.py",
-                 *(str(p.relative_to(REPO)) for p in (REPO / "plugins" / "module_utils").glob("_*.py"))]
-    for relative in relatives:
-        (root / relative).parent.mkdir(parents=True, exist_ok=True)
-        (root / relative).write_bytes((REPO / relative).read_bytes())
-    monkeypatch.setitem(sys.modules, pf.LAUNCHER_MODULE, sys.modules.get(pf.LAUNCHER_MODULE))
-    monkeypatch.setitem(sys.modules, pf.VOCABULARY_MODULE, sys.modules.get(pf.VOCABULARY_MODULE))
-    spec = importlib.util.spec_from_file_location("installed_preflight", root / "plugins" / "filter" / "preflight.py")
-    installed = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "installed_preflight", installed)
-    spec.loader.exec_module(installed)
-    assert Path(installed.launcher().__file__) == root / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
-    assert installed.launcher_problems(published("prefill", kv_cache_dtype="int2"), "p1")
-    (root / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py").unlink()
-    installed.launcher.cache_clear()
-    with pytest.raises(ImportError, match="the collection is incomplete"):
-        installed.launcher()
-
-
-def test_the_launcher_finds_its_vocabulary_beside_it_as_on_a_host(tmp_path, monkeypatch):
-    """On a host the launcher and the vocabulary are two files in one directory (configure.yml copies both)."""
-    for path in (LAUNCHER, VOCABULARY_FILE):
+def test_the_launcher_finds_its_schema_and_vocabulary_beside_it_as_on_a_host(tmp_path):
+    """On a host the launcher, its schema and the vocabulary are three files in one directory (configure.yml copies
+    them); the launcher imports the schema by name from its own directory, and the schema the vocabulary."""
+    for path in (LAUNCHER, SCHEMA_FILE, VOCABULARY_FILE):
         (tmp_path / path.name).write_bytes(path.read_bytes())
-    monkeypatch.delitem(sys.modules, pf.VOCABULARY_MODULE, raising=False)
     (tmp_path / "config.toml").write_text('[server]\nport = 8100\n[model]\nname = "m"\ndtype = "bf16"\n',
                                           encoding="utf-8")
-    result = subprocess.run([sys.executable, "-I", str(tmp_path / LAUNCHER.name), "--check", "--config",
-                             str(tmp_path / "config.toml")], capture_output=True, text=True, check=False)
+    # -E -s: no PYTHONPATH, no user site; the script's directory is on sys.path, as on a host (-I would drop it).
+    command = [sys.executable, "-E", "-s", str(tmp_path / LAUNCHER.name), "--check", "--config",
+               str(tmp_path / "config.toml")]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert 'model.dtype: "bf16" is not a spelling vLLM\'s --dtype accepts; write "bfloat16"' in result.stderr
-    (tmp_path / VOCABULARY_FILE.name).unlink()
-    result = subprocess.run([sys.executable, "-I", str(tmp_path / LAUNCHER.name), "--check", "--config",
-                             str(tmp_path / "config.toml")], capture_output=True, text=True, check=False)
-    assert result.returncode != 0 and "the vocabulary _vllm_vocabulary.py is not at" in result.stderr
+    for missing in (VOCABULARY_FILE, SCHEMA_FILE):
+        (tmp_path / missing.name).unlink()
+        result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=tmp_path)
+        assert result.returncode != 0 and "must be beside it in " + str(tmp_path) in result.stderr, result.stderr
+        assert f"No module named '{missing.stem}'" in result.stderr, result.stderr

@@ -21,6 +21,7 @@ import yaml
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL, settings
+from ansible_collections.inferops.vllm.tests.unit.test_instance_templates import flat
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
@@ -28,14 +29,19 @@ ROLE = REPO / "roles" / "vllm_instance"
 
 
 def _host_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The launcher as a host has it: a copy beside a copy of the vocabulary, loaded on its own."""
-    for path in (LAUNCHER, Path(vocab.__file__)):
+    """The launcher as a host has it: a copy beside copies of its schema and the vocabulary, its directory on
+    sys.path (as a script's is), loaded on its own."""
+    for path in (LAUNCHER, Path(pf.schema.__file__), Path(vocab.__file__)):
         (tmp_path / path.name).write_bytes(path.read_bytes())
-    monkeypatch.delitem(sys.modules, pf.VOCABULARY_MODULE, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("_vllm_instance_schema", "_vllm_vocabulary"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     spec = importlib.util.spec_from_file_location("host_launcher", tmp_path / LAUNCHER.name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert Path(module.VOCAB.__file__) == tmp_path / "_vllm_vocabulary.py"
+    assert Path(module.schema.__file__) == tmp_path / "_vllm_instance_schema.py"
+    assert Path(module.schema.VOCAB.__file__) == tmp_path / "_vllm_vocabulary.py"
+    assert module.schema is not pf.schema
     return module
 
 
@@ -98,8 +104,8 @@ def test_preflight_and_launcher_accept_the_same_values(host_launcher, name, sett
 def test_the_launcher_on_a_host_reads_the_vocabulary_beside_it(host_launcher):
     for name in ("DTYPES", "KV_CACHE_DTYPES", "BLOCK_SIZES", "QUANTIZATION_METHODS", "KV_BUFFER_DEVICES",
                  "KV_LOAD_FAILURE_POLICIES", "KV_TRANSFER_BACKENDS", "PD_ROLES", "KV_TRANSPORTS"):
-        assert getattr(host_launcher.VOCAB, name) == getattr(vocab, name), name
-    choices = {(section, key): spec.choices for section, keys in host_launcher.SCHEMA.items()
+        assert getattr(host_launcher.schema.VOCAB, name) == getattr(vocab, name), name
+    choices = {(section, key): spec.choices for section, keys in host_launcher.schema.SCHEMA.items()
                for key, spec in keys.items() if spec.choices}
     assert choices == {
         ("model", "dtype"): vocab.DTYPES, ("model", "quantization"): vocab.QUANTIZATION_METHODS,
@@ -148,27 +154,29 @@ def test_the_argument_spec_keeps_choices_only_where_no_better_message_exists():
     assert tuple(options["vllm_instance_kv_load_failure_policy"]["choices"]) == vocab.KV_LOAD_FAILURE_POLICIES
 
 
-def test_the_role_installs_the_vocabulary_beside_the_launcher():
-    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8"))
-    (task,) = [t for t in tasks if t["name"] == "Install the launcher, its vocabulary and the instance key middleware"]
+def test_the_role_installs_the_schema_and_the_vocabulary_beside_the_launcher():
+    tasks = flat(yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8")))
+    (task,) = [t for t in tasks
+               if t["name"] == "Install the launcher, its schema and vocabulary, and the instance key middleware"]
     sources = [item["src"] for item in task["loop"]]
     assert sources[0] == LAUNCHER.name
     # The launcher's --middleware module, on vLLM's PYTHONPATH as the launcher's own directory (issue #25).
-    assert sources[2] == "inferops_vllm_auth.py" and (LAUNCHER.parent / sources[2]).is_file()
-    vocabulary = sources[1].replace("{{ role_path }}", str(ROLE))
-    assert Path(vocabulary).resolve() == Path(vocab.__file__).resolve()
+    assert sources[3] == "inferops_vllm_auth.py" and (LAUNCHER.parent / sources[3]).is_file()
+    modules = [Path(source.replace("{{ role_path }}", str(ROLE))).resolve() for source in sources[1:3]]
+    assert modules == [Path(pf.schema.__file__).resolve(), Path(vocab.__file__).resolve()]
     assert task["ansible.builtin.copy"]["dest"] == "{{ _vllm_instance_launcher | dirname }}/{{ item.src | basename }}"
 
 
 @pytest.mark.skipif(shutil.which("ansible-galaxy") is None, reason="ansible-galaxy is not installed")
-def test_the_collection_artifact_holds_the_launcher_and_its_vocabulary(tmp_path):
+def test_the_collection_artifact_holds_the_launcher_its_schema_and_vocabulary(tmp_path):
     subprocess.run(["ansible-galaxy", "collection", "build", "--output-path", str(tmp_path), str(REPO)],
                    check=True, capture_output=True, text=True, timeout=300)
     (artifact,) = tmp_path.glob("inferops-vllm-*.tar.gz")
     with tarfile.open(artifact) as tar:
         names = set(tar.getnames())
     for relative in ("roles/vllm_instance/files/inferops_vllm_launch.py", "plugins/module_utils/_vllm_vocabulary.py",
-                     "plugins/module_utils/_model_facts.py", "plugins/module_utils/_kv_sizing.py",
-                     "plugins/module_utils/_pd_instance.py", "plugins/module_utils/_pd_values.py",
+                     "plugins/module_utils/_vllm_instance_schema.py",
+                     "plugins/plugin_utils/_model_facts.py", "plugins/plugin_utils/_kv_sizing.py",
+                     "plugins/plugin_utils/_pd_instance.py", "plugins/plugin_utils/_pd_values.py",
                      "plugins/filter/preflight.py"):
         assert relative in names, relative

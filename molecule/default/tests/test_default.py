@@ -67,7 +67,10 @@ def test_config_files_modes_and_owners(request, host_fixture, name, port, side_p
         assert f.is_file and f.user == "root" and f.group == "vllm" and f.mode == 0o640, suffix
     launcher = host.file("/usr/local/lib/inferops-vllm/inferops_vllm_launch.py")
     assert launcher.user == "root" and launcher.mode == 0o755
-    # What vLLM accepts, the same module the controller's preflight imports, beside the launcher.
+    # The TOML's schema and what vLLM accepts, the modules the controller's preflight imports, beside the launcher
+    # (which imports the schema by name from its directory).
+    schema = host.file("/usr/local/lib/inferops-vllm/_vllm_instance_schema.py")
+    assert schema.user == "root" and schema.mode == 0o644 and "def validate(" in schema.content_string
     vocabulary = host.file("/usr/local/lib/inferops-vllm/_vllm_vocabulary.py")
     assert vocabulary.user == "root" and vocabulary.mode == 0o644 and "KV_CACHE_DTYPES" in vocabulary.content_string
     venv = host.file("/opt/vllm/venv")

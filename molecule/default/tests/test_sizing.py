@@ -1,4 +1,4 @@
-"""The KV sizing calculator used by the preflight (plugins/module_utils/_kv_sizing.py) against vLLM's own
+"""The KV sizing calculator used by the preflight (plugins/plugin_utils/_kv_sizing.py) against vLLM's own
 figure (`vllm:cache_config_info{kv_cache_size_tokens}`) on the live server, for 16-bit and fp8 KV.
 
 The deployed pair runs 16-bit ("auto") KV; the fallback tests' "cloud" (a plain vLLM instance the role deploys in a
@@ -17,7 +17,7 @@ from conftest import cloud_deployed, container_ip, deploy_playbook, instance_aut
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, os.environ["ANSIBLE_COLLECTIONS_PATH"].split(":")[0])
-from ansible_collections.inferops.vllm.plugins.module_utils._kv_sizing import kv_blocks, kv_bytes_per_token  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.plugin_utils._kv_sizing import kv_blocks, kv_bytes_per_token  # noqa: E402
 
 BUDGET = 1073741824  # vllm_instance_kv_cache_memory_bytes of the sandbox
 BLOCK = 128  # vLLM's default block size on the CPU

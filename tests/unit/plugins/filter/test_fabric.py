@@ -12,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.inferops.vllm.plugins.filter.fabric import kv_fabric, kv_fabric_problems
 from ansible_collections.inferops.vllm.plugins.modules.rdma_fabric_facts import gather
 from ansible_collections.inferops.vllm.tests.unit.fabric_support import materialise
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import launcher
 
 
 @pytest.fixture(scope="module")
@@ -205,26 +206,21 @@ def test_the_transport_of_a_hosts_record():
 
 
 def test_recorded_facts_to_the_launchers_environment(fabric):
-    """The 8-GPU, 8-NIC host's facts -> kv_fabric -> the template's [kv_fabric] block -> the launcher's UCX variables
-    (the block as Jinja renders it; the whole template is rendered by the real role in test_instance_templates.py)."""
-    import json
-    from pathlib import Path
+    """The 8-GPU, 8-NIC host's facts -> kv_fabric -> the role's renderer (its [kv_fabric] table) -> the launcher's
+    UCX variables (the whole role renders the file in test_instance_templates.py)."""
+    from ansible_collections.inferops.vllm.plugins.filter.instance_toml import instance_toml
 
-    import jinja2
-    from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
-
-    template = (Path(__file__).resolve().parents[4] / "roles" / "vllm_instance" / "templates" / "instance.toml.j2")
-    text = template.read_text(encoding="utf-8")
-    block = text[text.index("{% if item.kv_fabric"):text.index("{% if __settings.environment")]
-    env = jinja2.Environment(trim_blocks=True)
-    env.filters["to_json"] = json.dumps
-    launch = pf.launcher()
+    host = {"inventory_hostname": "d1", "pd_role": "decode", "bind_host": "0.0.0.0", "served_model_name": "m",
+            "api_key_set": False, "config_dir": "/etc/vllm", "allowed_media_domains": [], "model_path": "/m",
+            "kv_transfer_backend": "nixl", "host_address": "10.0.0.21", "cpu_build": False}
+    launch = launcher()
     for layout, gpus, expected in (
         ("switched_8gpu_8nic_ib", [6, 7], {"UCX_NET_DEVICES": "mlx5_6:1,mlx5_7:1", "UCX_TLS": CUDA_TLS}),
         ("roce_bond", [2], {"UCX_NET_DEVICES": "mlx5_bond_0:1", "UCX_TLS": CUDA_TLS, "UCX_IB_GID_INDEX": "3"}),
     ):
         (table,) = tables(fabric(layout), published(("decode-0", {})), [gpus]).values()
-        config = launch.tomllib.loads('[server]\n[model]\nname = "m"\n' + env.from_string(block).render(
-            item={"kv_fabric": table}))
+        instance = {"name": "decode-0", "port": 8200, "kv_transfer_port": 5700, "kv_fabric": table}
+        config = launch.tomllib.loads(instance_toml(instance, {"kv_buffer_device": "cuda"}, host))
+        assert config["kv_fabric"] == table, layout
         assert launch.validate(config) == [], layout
-        assert launch.build(config, None)[1] == expected, layout
+        assert {k: v for k, v in launch.build(config, None)[1].items() if k.startswith("UCX_")} == expected, layout

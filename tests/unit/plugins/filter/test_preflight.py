@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 from ansible_collections.inferops.vllm.plugins.filter.preflight import FilterModule, kv_sizing, pd_preflight
-from ansible_collections.inferops.vllm.plugins.module_utils._kv_sizing import kv_blocks, kv_bytes_per_token
-from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL, settings
+from ansible_collections.inferops.vllm.plugins.plugin_utils._kv_sizing import kv_blocks, kv_bytes_per_token
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL, launcher, settings
 
 # Qwen2.5-14B-Instruct: 40 heads, 8 KV heads, 48 layers, head_dim 128.
 QWEN14 = {"num_attention_heads": 40, "num_key_value_heads": 8, "num_hidden_layers": 48, "hidden_size": 5120,
@@ -817,7 +817,7 @@ def test_a_kv_load_failure_policy_override_is_named():
         "d1/decode-0: vllm_instance_instances[decode-0].overrides.kv_load_failure_policy: is 'skip'")
 
 
-# --- the TOML each instance gets (the preflight's mirror of templates/instance.toml.j2) ------------------
+# --- the TOML each instance gets (the role's renderer, plugins/plugin_utils/_instance_toml.py) --------------
 
 
 def rendered(published, groups, host: str, name: str) -> dict[str, Any]:
@@ -838,7 +838,7 @@ def test_an_instances_toml_does_not_change_when_a_peer_host_is_added_or_removed(
         assert config == rendered(*after, host, name)
         assert "prefill_instances" not in config["pd_disaggregation"]
         assert "decode_instances" not in config["pd_disaggregation"]
-        assert pf.launcher().validate(config) == []
+        assert launcher().validate(config) == []
 
 
 def test_the_toml_carries_the_drain_and_the_decodes_kv_load_failure_policy():
@@ -847,7 +847,7 @@ def test_the_toml_carries_the_drain_and_the_decodes_kv_load_failure_policy():
     assert prefill["server"]["shutdown_timeout"] == 60 and decode["server"]["shutdown_timeout"] == 300
     assert "kv_load_failure_policy" not in prefill["pd_disaggregation"]
     assert decode["pd_disaggregation"]["kv_load_failure_policy"] == "recompute"
-    args = pf.launcher().build(decode, None)[0]
+    args = launcher().build(decode, None)[0]
     assert args[args.index("--shutdown-timeout") + 1] == "300"
     transfer = args[args.index("--kv-transfer-config") + 1]
     assert '"kv_load_failure_policy":"recompute","kv_role":"kv_consumer"' in transfer

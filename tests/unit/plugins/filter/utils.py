@@ -1,12 +1,18 @@
 # Copyright (c) inferops.vllm contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What the preflight tests share: the sandbox's model config and an instance's published settings
-with the role's defaults (roles/vllm_instance/vars/main.yml `_vllm_instance_settings`)."""
+"""What the preflight tests share: the sandbox's model config, an instance's published settings with the
+role's defaults (roles/vllm_instance/vars/main.yml `_vllm_instance_settings`), and the launcher as a module."""
 
 from __future__ import annotations
 
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+LAUNCHER = Path(__file__).resolve().parents[4] / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
 
 # SmolLM2-135M-Instruct, the sandbox's model (its config.json).
 SMOL = {
@@ -34,3 +40,13 @@ def settings(**kw: Any) -> dict[str, Any]:
     }
     base.update(kw)
     return base
+
+
+@lru_cache(maxsize=1)
+def launcher() -> ModuleType:
+    """The instance launcher (a script) as a module, for build() and tomllib: it imports the collection's schema
+    module, the one the preflight imports."""
+    spec = importlib.util.spec_from_file_location("inferops_vllm_launch_for_tests", LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
-from ansible_collections.inferops.vllm.plugins.module_utils._model_facts import ModelFacts
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import text, to_int
+from ansible_collections.inferops.vllm.plugins.plugin_utils._model_facts import ModelFacts
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import text, to_int
 
 # The role's defaults of per-instance settings that plain data (and an older publish) may lack.
 SETTING_DEFAULTS = {"shutdown_timeout": 60, "kv_load_failure_policy": "recompute"}

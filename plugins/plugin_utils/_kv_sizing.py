@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_instance import Instance
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import text, to_float, to_int
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_instance import Instance
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import text, to_float, to_int
 
 # Bytes per element of a resolved 16/32-bit dtype (every fp8 KV dtype takes 1).
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}

@@ -4,7 +4,7 @@
 """How an instance's KV travels to its peers: its ``[kv_fabric]`` table and the host facts it must agree with.
 
 PRIVATE to the inferops.vllm collection: no compatibility promise. Controller-side: the vllm_instance role's
-filters (plugins/filter/fabric.py) and the preflight's mirror of the instance TOML (_instance_toml.py) call it.
+filters (plugins/filter/fabric.py) and the renderer of the instance TOML (_instance_toml.py) call it.
 
 * :func:`transport` resolves ``vllm_instance_kv_transport`` (``auto`` = ``rdma`` on the cuda build, ``tcp`` on
   the cpu build);
@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import text
 from ansible_collections.inferops.vllm.plugins.module_utils._rdma_fabric import normalise_bus_id
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import text
 
 TRANSPORT_SETTINGS = ("auto", "rdma", "tcp")
 # UCX_TLS when the instance sets none. RDMA: RC over mlx5 (rc_x) or verbs (rc, which also brings UD for the
@@ -75,7 +75,7 @@ def table(settings: Mapping[str, Any], variant: Any, gpu_bus_ids: Sequence[Any] 
 
     ``settings``: the instance's resolved settings (kv_transport, kv_buffer_device, ucx_net_devices, ucx_tls,
     ucx_ib_gid_index); ``gpu_bus_ids``: its GPUs' PCI bus ids; ``fabric``: the host's rdma_fabric facts, or None
-    where they are not known (the controller's mirror, which then renders only what the settings say).
+    where they are not known (the preflight's render, which then writes only what the settings say).
     """
     kind = transport(settings.get("kv_transport"), variant)
     result: dict[str, Any] = {"transport": kind}

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ansible_collections.inferops.vllm.plugins.module_utils._pd_values import text, to_int
 from ansible_collections.inferops.vllm.plugins.module_utils._vllm_vocabulary import CHECKPOINT_DTYPES
+from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import text, to_int
 
 FACT_KEYS = ("num_attention_heads", "num_key_value_heads", "num_hidden_layers", "head_dim", "hidden_size",
              "max_position_embeddings", "weights_bytes")

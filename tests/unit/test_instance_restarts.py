@@ -1,0 +1,122 @@
+"""Which instances a change restarts (roles/vllm_instance), decided from the registered results of the tasks that
+notify the handlers, by the real ansible-playbook on localhost.
+
+tasks/configure.yml sets __vllm_instance_changed and __vllm_instance_running in the `always` of the block that
+holds those tasks, and handlers/main.yml acts on them; neither reads a role var that evaluates registered results
+whenever it happens to be used. Each host below is one case: its variables stand for what the tasks registered
+(or did not, after a failure), and the play runs the role's own decision task and the handlers' own loops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible_collections.inferops.vllm.tests.unit.test_instance_templates import flat
+
+REPO = Path(__file__).resolve().parents[2]
+ROLE = REPO / "roles" / "vllm_instance"
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+pytestmark = pytest.mark.skipif(not Path(ANSIBLE_PLAYBOOK).is_file() and not shutil.which("ansible-playbook"),
+                                reason="ansible-playbook is not installed")
+INSTANCES = [{"name": "a"}, {"name": "b"}, {"name": "c"}]
+
+
+def changed(*names: str) -> dict[str, Any]:
+    """A looped task's registered result in which the instances ``names`` changed."""
+    results = [{"item": inst, "changed": inst["name"] in names} for inst in INSTANCES]
+    return {"changed": bool(names), "results": results}
+
+
+# host -> (registered results, instances running, (marked, restarted) with rolling, restarted with immediate)
+CASES = {
+    "nothing": ({"configs": changed(), "envs": changed()}, ["a", "b"], ([], []), []),
+    "one-config": ({"configs": changed("b"), "envs": changed()}, ["a", "b"], (["b"], []), ["b"]),
+    "config-and-env": ({"configs": changed("a"), "envs": changed("a", "c")}, ["a"], (["a"], ["c"]), ["a", "c"]),
+    "unit": ({"configs": changed(), "envs": changed(), "unit": {"changed": True}}, ["a", "c"],
+             (["a", "c"], ["b"]), ["a", "b", "c"]),
+    "launcher": ({"configs": changed(), "envs": changed(), "launcher": {"changed": True}}, [],
+                 ([], ["a", "b", "c"]), ["a", "b", "c"]),
+    # The environment task failed before it registered anything (deploy_pd.yml forces the handlers): the config
+    # change made before it still restarts its instance.
+    "failed-after-config": ({"launcher": {"changed": False}, "configs": changed("c"), "unit": None, "envs": None},
+                            ["a", "b", "c"], (["c"], []), ["c"]),
+}
+
+
+def _host(registered: dict[str, Any], running: list[str]) -> dict[str, Any]:
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "vllm_instance_instances": INSTANCES,
+            "__vllm_instance_active": {"stdout_lines": ["active" if i["name"] in running else "inactive"
+                                                        for i in INSTANCES]},
+            }
+    names = {"launcher": "launcher_file", "configs": "configs", "envs": "envs", "unit": "unit_file"}
+    for key, name in names.items():
+        value = registered.get(key, {"changed": False})
+        if value is not None:  # None: the task did not run (a failure before it), so nothing was registered
+            host[f"__vllm_instance_{name}"] = value
+    return host
+
+
+def playbook() -> list[dict[str, Any]]:
+    tasks = flat(yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8")))
+    (decide,) = [t for t in tasks if t.get("name") == "Decide which instances the changes restart"]
+    handlers = yaml.safe_load((ROLE / "handlers" / "main.yml").read_text(encoding="utf-8"))
+    loops = {h["name"]: h["loop"] for h in handlers if h.get("listen") == "Restart vllm instances"}
+    mark = loops["Mark running instances for a rolling restart"]
+    restart = loops["Restart the instances that do not run or roll"]
+    mark, restart = mark.removeprefix("{{ ").removesuffix(" }}"), restart.removeprefix("{{ ").removesuffix(" }}")
+    immediate = restart.replace("vllm_instance_restart_strategy", "'immediate'")
+    return [{
+        "name": "The role's restart decision on each case", "hosts": "all", "gather_facts": False,
+        "tasks": [
+            decide,
+            {"name": "What the handlers would do", "ansible.builtin.set_fact": {
+                "__rolling": "{{ {'mark': " + mark + ", 'restart': " + restart + "} }}",
+                "__immediate": "{{ " + immediate + " }}"},
+             "vars": {"vllm_instance_restart_strategy": "rolling"}},
+            {"name": "Record", "ansible.builtin.copy": {
+                "dest": "{{ out }}/{{ inventory_hostname }}.json", "mode": "0600",
+                "content": "{{ {'rolling': __rolling, 'immediate': __immediate} | to_json }}"}},
+        ],
+    }]
+
+
+@pytest.fixture(scope="module")
+def decisions(tmp_path_factory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("restarts")
+    inventory = {"all": {"hosts": {name: _host(registered, running) for name, (registered, running, _r, _i)
+                                   in CASES.items()}}}
+    (tmp / "hosts.yml").write_text(yaml.safe_dump(inventory), encoding="utf-8")
+    (tmp / "play.yml").write_text(yaml.safe_dump(playbook(), sort_keys=False), encoding="utf-8")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default"}
+    playbook_bin = ANSIBLE_PLAYBOOK if Path(ANSIBLE_PLAYBOOK).is_file() else shutil.which("ansible-playbook")
+    run = subprocess.run([playbook_bin, "-i", str(tmp / "hosts.yml"), "-e", json.dumps({"out": str(tmp)}),
+                          str(tmp / "play.yml")], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return {name: json.loads((tmp / f"{name}.json").read_text(encoding="utf-8")) for name in CASES}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_handlers_restart_what_the_tasks_changed(decisions, case):
+    _registered, _running, (marked, restarted), immediate = CASES[case]
+    got = decisions[case]
+    assert sorted(got["rolling"]["mark"]) == marked
+    assert sorted(got["rolling"]["restart"]) == restarted
+    assert sorted(got["immediate"]) == immediate
+
+
+def test_no_role_var_reads_registered_results():
+    variables = (ROLE / "vars" / "main.yml").read_text(encoding="utf-8")
+    for registered in ("__vllm_instance_configs", "__vllm_instance_envs", "__vllm_instance_unit_file",
+                       "__vllm_instance_launcher_file", "__vllm_instance_active"):
+        assert registered not in variables, registered
