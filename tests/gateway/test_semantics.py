@@ -157,8 +157,12 @@ def main():
           (s1, s2, s4) == (200, 200, 200) and len(salt1) == len(salt2) == len(salt4) == 1
           and re.fullmatch(r"inferops-k-[0-9a-f]{12}", salt1[0] or "") is not None
           and salt1[0] != salt2[0] and salt4 == salt2, f"{salt1} {salt2} {salt4}")
-    check("cache_salt: a client's own (another key's salt) is replaced by its key's", s3 == 200 and salt3 == salt1,
-          f"{salt3} {salt1}")
+    s5, salt5 = salts_of(dict(chat(), cache_salt="end-user-1"), KEY)
+    check("cache_salt: a client's own (here another key's salt) only follows its key's: its key's, '-', 32 hex",
+          s3 == s5 == 200 and len(salt3) == len(salt5) == 1
+          and re.fullmatch(re.escape(salt1[0] or "?") + r"-[0-9a-f]{32}", salt3[0] or "") is not None
+          and not (salt3[0] or "").startswith(salt2[0] or "?") and salt5[0] != salt3[0]
+          and (salt5[0] or "").startswith(f"{salt1[0]}-"), f"{salt3} {salt5} {salt1}")
     mode("local", "router_text")
     s, h, b, _unused = post(chat())
     check("vllm-router's own error text (naming a worker URL) -> a fixed JSON error, same status, no URL",

@@ -26,8 +26,9 @@
 //                 messages are blanked.
 //   metrics       js_content: Prometheus text of the fallback counters (sizes of the tick files).
 //   saltedBody    js_set of /v1/completions and /v1/chat/completions with vllm_router_front_cache_salt_per_key
-//                 (issue #25): the client's JSON body with "cache_salt" set to the key's salt (a client's own
-//                 replaced), so a key hits, and can time, only prefixes its own requests cached.
+//                 (issue #25): the client's JSON body with "cache_salt" set to the key's salt (followed by a hash
+//                 of the client's own salt, if it sent one), so a key hits, and can time, only prefixes its own
+//                 requests cached.
 
 import fs from 'fs';
 import crypto from 'crypto';
@@ -375,7 +376,14 @@ function saltedBody(r) {
     if (req === null || typeof req !== 'object' || Array.isArray(req)) {
         return text;
     }
-    req.cache_salt = cacheSalt(r);
+    // A client's own salt (per end user, say) still separates its requests, but only within its key's:
+    // the key's salt, "-", then 32 hex digits of the SHA-256 of the client's (57 characters in all).
+    const own = req.cache_salt;
+    let salt = cacheSalt(r);
+    if (typeof own === 'string' && own.length > 0) {
+        salt += '-' + crypto.createHash('sha256').update(own).digest('hex').slice(0, 32);
+    }
+    req.cache_salt = salt;
     return JSON.stringify(req);
 }
 
