@@ -69,7 +69,10 @@ CONFIGS = ("none", "fallbacks")
 BODIES = ("small", "large")
 MODEL = "smollm2-135m-instruct"  # tests/preflight/good's served model name
 # Limits high enough never to be reached: over them the front answers 429 (or, with fallbacks, the cloud).
-NO_LIMITS = {"vllm_router_front_rate_limit": 1000000, "vllm_router_front_rate_burst": 1000000}
+NO_LIMITS = {"vllm_router_front_rate_limit": 1000000, "vllm_router_front_rate_burst": 1000000,
+             # tests/gateway/vars.json turns it on for the gateway tests; it is measured on its own
+             # (benchmarks/front_cache_salt_overhead.py).
+             "vllm_router_front_cache_salt_per_key": False}
 # Inside the container.
 GW = "/gw"
 RENDERED = {"fallbacks": f"{GW}/rendered", "none": f"{GW}/rendered_none"}

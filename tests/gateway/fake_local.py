@@ -85,7 +85,8 @@ class H(BaseHTTPRequestHandler):
         m = mode()
         with open(LOG, "a") as f:
             f.write(json.dumps({"path": self.path, "model": req.get("model"), "mode": m,
-                                "auth": self.headers.get("Authorization")}) + "\n")
+                                "auth": self.headers.get("Authorization"),
+                                "cache_salt": req.get("cache_salt") if isinstance(req, dict) else None}) + "\n")
         if m == "router_text":
             return self._text(400, "Failed to send request to http://10.89.250.12:8200/v1/completions: bad body")
         if m == "vllm_addr":

@@ -18,6 +18,7 @@ import urllib.request
 
 FRONT = "http://127.0.0.1:8000"
 KEY = "preflight-test-client-key-00001"  # tests/preflight/good's vllm_router_api_keys
+KEY2 = "preflight-test-client-key-00002"  # the second key of vars.json's vllm_router_api_keys
 MODEL = "smollm2-135m-instruct"  # its served model name
 with open("/gw/cloud_keys") as _f:
     CLOUD_KEYS = _f.read().split()
@@ -142,6 +143,26 @@ def main():
           len(ids) == 4 and len(set(ids)) == 1 and re.fullmatch(r"cmpl-[0-9a-f]{32}", ids[0]) is not None
           and b"10.89.250." not in b and c, str(ids[:2]))
     check("the same vllm-router id gives the same opaque id in JSON and SSE (a function of the id)", ids[0] == jid)
+    # 1c. Tenant isolation of the prefix cache (vllm_router_front_cache_salt_per_key, issue #25): every
+    # completion body reaches vllm-router with the key's cache_salt; a client's own salt is replaced.
+    def salts_of(body, key, path="/v1/chat/completions"):
+        before = len(lines(f"{GW}/local_requests.log"))
+        st = post(body, key=key, path=path)[0]
+        return st, [r.get("cache_salt") for r in lines(f"{GW}/local_requests.log")[before:]]
+    s1, salt1 = salts_of(chat(), KEY)
+    s2, salt2 = salts_of(chat(), KEY2)
+    s3, salt3 = salts_of(dict(chat(), cache_salt=salt2[0] if salt2 else "x"), KEY)
+    s4, salt4 = salts_of({"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": True}, KEY2, "/v1/completions")
+    check("cache_salt: each key's own, set by the front on chat and completions (inferops-k-<12 hex>)",
+          (s1, s2, s4) == (200, 200, 200) and len(salt1) == len(salt2) == len(salt4) == 1
+          and re.fullmatch(r"inferops-k-[0-9a-f]{12}", salt1[0] or "") is not None
+          and salt1[0] != salt2[0] and salt4 == salt2, f"{salt1} {salt2} {salt4}")
+    s5, salt5 = salts_of(dict(chat(), cache_salt="end-user-1"), KEY)
+    check("cache_salt: a client's own (here another key's salt) only follows its key's: its key's, '-', 32 hex",
+          s3 == s5 == 200 and len(salt3) == len(salt5) == 1
+          and re.fullmatch(re.escape(salt1[0] or "?") + r"-[0-9a-f]{32}", salt3[0] or "") is not None
+          and not (salt3[0] or "").startswith(salt2[0] or "?") and salt5[0] != salt3[0]
+          and (salt5[0] or "").startswith(f"{salt1[0]}-"), f"{salt3} {salt5} {salt1}")
     mode("local", "router_text")
     s, h, b, _unused = post(chat())
     check("vllm-router's own error text (naming a worker URL) -> a fixed JSON error, same status, no URL",

@@ -25,7 +25,10 @@ pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbo
 GOOD = CASES_DIR / "good"
 GATEWAY = REPO / "tests" / "gateway"
 ROUTER = REPO / "roles" / "vllm_router"
-VARS = json.loads((GATEWAY / "vars.json").read_text(encoding="utf-8"))
+# The gateway's variables without vllm_router_front_cache_salt_per_key: the fallback alone here; the salt, also
+# with fallbacks, in tests/unit/test_front_cache_salt.py.
+VARS = {k: v for k, v in json.loads((GATEWAY / "vars.json").read_text(encoding="utf-8")).items()
+        if k != "vllm_router_front_cache_salt_per_key"}
 KEYS = [fb["api_key"] for fb in VARS["vllm_router_front_fallbacks"]]
 PLAIN = {"vllm_router_front_allow_plaintext": True}
 
@@ -204,6 +207,8 @@ def test_without_fallbacks_the_front_is_as_before(runs):
         loc = _location(site, f"= {route}")
         assert "js_header_filter inferops.localHeaders;" in loc and "js_body_filter inferops.localBody" in loc
     assert "js_" not in _location(site, "= /health")
+    # vllm_router_front_cache_salt_per_key (default false): bodies pass as the client sent them.
+    assert "proxy_set_body" not in site and "saltedBody" not in site
     run, shown = runs["none_shown"]
     _ok(run)
     site = (shown / "inferops-vllm.conf").read_text()

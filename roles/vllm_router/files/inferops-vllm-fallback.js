@@ -1,7 +1,8 @@
 // inferops.vllm front (roles/vllm_router, installed as /etc/nginx/njs/inferops-vllm-fallback.js): the fallback side of "one key, local first, cloud as fallback" (issue #13).
 // Written for njs 0.7.9 (Debian 12's libnginx-mod-http-js): ES5.1 plus what njs 0.7 adds
-// (let/const, arrow functions, Buffer, fs). Nothing here runs on the local path: nginx only calls
-// these functions in the fallback named locations (and for the metrics page).
+// (let/const, arrow functions, Buffer, fs). On the local path only localHeaders/localBody
+// (vllm_router_front_hide_internals) and saltedBody (vllm_router_front_cache_salt_per_key) run; the rest only
+// in the fallback named locations (and for the metrics page).
 //
 //   fallbackBody  js_set: the client's JSON body with "model" mapped to the fallback's name
 //                 (map in $inferops_fallback_models, JSON). Remembers the client's model name in
@@ -24,6 +25,10 @@
 //                 error.message) becomes a fixed JSON error, and URLs and addresses in vLLM's error
 //                 messages are blanked.
 //   metrics       js_content: Prometheus text of the fallback counters (sizes of the tick files).
+//   saltedBody    js_set of /v1/completions and /v1/chat/completions with vllm_router_front_cache_salt_per_key
+//                 (issue #25): the client's JSON body with "cache_salt" set to the key's salt (followed by a hash
+//                 of the client's own salt, if it sent one), so a key hits, and can time, only prefixes its own
+//                 requests cached.
 
 import fs from 'fs';
 import crypto from 'crypto';
@@ -334,4 +339,53 @@ function metrics(r) {
     r.return(200, lines.join('\n') + '\n');
 }
 
-export default {fallbackBody, tooBig, unmapped, overBudget, headers, body, localHeaders, localBody, metrics};
+// The salt of the request's client: "inferops-" and its key id ("k-" + 12 hex digits of the key's SHA-256,
+// the id of the access log and of the limits), or "inferops-a-" and the hex of the client's address when
+// vllm_router_allow_unauthenticated serves clients without keys ($inferops_vllm_client is then
+// $binary_remote_addr). Only A-Z a-z 0-9 and "-": vLLM 0.32 refuses "@", "/", "\\" and NUL, and 128+ characters.
+function cacheSalt(r) {
+    const id = r.variables.inferops_vllm_client || '';
+    if (/^k-[0-9a-f]+$/.test(id)) {
+        return 'inferops-' + id;
+    }
+    const raw = r.rawVariables.inferops_vllm_client;
+    return 'inferops-a-' + (raw ? raw.toString('hex') : 'none');
+}
+
+// Evaluated when nginx builds the request to vllm-router (proxy_set_body), after the body was read:
+// client_body_buffer_size = client_max_body_size keeps it in memory. A body njs cannot read is not
+// passed on unsalted: the upstream gets an empty body (and answers 400).
+function saltedBody(r) {
+    let text;
+    try {
+        text = r.requestText;
+    } catch (e) {
+        text = undefined;
+    }
+    if (text === undefined || text === null) {
+        r.error('inferops front: request body not in memory, not passed on without its cache_salt');
+        return '';
+    }
+    let req;
+    try {
+        req = JSON.parse(text);
+    } catch (e) {
+        // Not JSON: as it is, vllm-router refuses it (400) like without the option.
+        return text;
+    }
+    if (req === null || typeof req !== 'object' || Array.isArray(req)) {
+        return text;
+    }
+    // A client's own salt (per end user, say) still separates its requests, but only within its key's:
+    // the key's salt, "-", then 32 hex digits of the SHA-256 of the client's (57 characters in all).
+    const own = req.cache_salt;
+    let salt = cacheSalt(r);
+    if (typeof own === 'string' && own.length > 0) {
+        salt += '-' + crypto.createHash('sha256').update(own).digest('hex').slice(0, 32);
+    }
+    req.cache_salt = salt;
+    return JSON.stringify(req);
+}
+
+export default {fallbackBody, tooBig, unmapped, overBudget, headers, body, localHeaders, localBody, metrics,
+    saltedBody};
