@@ -75,5 +75,5 @@ def test_delay_is_checked_before_any_change(runs, case):
         assert "changed=0" in output
         return
     assert run.returncode != 0, output
-    assert "localhost: vllm_install_nixl_progress_delay_us is" in output, output
+    assert "[install] localhost: vllm_install_nixl_progress_delay_us: is" in output, output
     assert expected in output, output
