@@ -127,7 +127,7 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quantization", "capacity",
           "unsupported", "launcher", "client", "drain", "network", "secrets", "fallbacks", "booleans",
-          "install", "driver", "router", "monitoring")
+          "install", "driver", "router", "monitoring", "types")
 
 
 def _collection_paths(parts: tuple[str, ...]) -> list[str]:
@@ -1639,6 +1639,64 @@ def _rule_lines(check: str, host: str, rules: list[_Rule]) -> list[str]:
     return rep.lines()
 
 
+# --- the roles' argument specs: types and choices of what the inventory sets ----------------------------
+# Each role validates its variables against meta/argument_specs.yml when it starts, after the hosts were contacted;
+# the `types` check runs the same validator here on the values the inventory gives (a value that needs facts is left
+# to the role), for the roles deploy_pd.yml runs on each group.
+SPEC_ROLES = (("vllm_install", ("prefill", "decode")), ("nvidia_driver", ("prefill", "decode")),
+              ("vllm_firewall", ("prefill", "decode")), ("vllm_instance", ("prefill", "decode")),
+              ("vllm_router", ("router",)), ("vllm_monitoring", ("prefill", "decode", "router", "monitoring")))
+
+
+@lru_cache(maxsize=len(SPEC_ROLES))
+def _role_spec(role: str) -> dict[str, Any]:
+    """The options of a role's `main` entry point (roles/<role>/meta/argument_specs.yml); empty when not found."""
+    for path in _collection_paths(("roles", role, "meta", "argument_specs.yml")):
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                data = yaml.safe_load(handle) or {}
+            return dict(((data.get("argument_specs") or {}).get("main") or {}).get("options") or {})
+    return {}
+
+
+def _check_types(rep: _Report, inv: _Inventory, published_by_host: Mapping[str, Any],
+                 groups: Mapping[str, Any] | None) -> None:
+    """The inventory's values against the argument specs of the roles that read them; a variable another check
+    already reported for the host is not reported again."""
+    try:
+        from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    except ImportError:  # plain Python without Ansible: the roles validate at start
+        return
+    members = {**inv.groups, "monitoring": [str(host) for host in (groups or {}).get("monitoring") or []]}
+    for role, role_groups in SPEC_ROLES:
+        if role == "vllm_monitoring" and not members["monitoring"]:
+            continue
+        spec = _role_spec(role)
+        for host in dict.fromkeys(host for group in role_groups for host in members[group]):
+            variables = inv.variables.get(host)
+            if variables is None:
+                try:
+                    variables = (published_by_host or {})[host]
+                except Exception:  # noqa: BLE001 - a host whose variables cannot be resolved published nothing
+                    continue
+            for name, option in spec.items():
+                try:
+                    if name not in variables:
+                        continue
+                    value = _resolved(variables[name])
+                except Exception:  # noqa: BLE001 - a value that needs facts or an unloaded vault: the role decides
+                    continue
+                if value is UNDEFINED or rep.reported(name, (host,)):
+                    continue
+                result = ArgumentSpecValidator({name: option}).validate({name: value},
+                                                                         validate_role_argument_spec=True)
+                for error in result.error_messages:
+                    what = error.replace(f"argument '{name}' ", "", 1).replace(f"value of {name} ", "", 1)
+                    rep.add("types", host, name, f"{what.rstrip('.')} (roles/{role}/meta/argument_specs.yml).",
+                            f"give it the type{' and one of the choices' if 'choices' in option else ''} the "
+                            f"argument spec documents: ansible-doc -t role inferops.vllm.{role}.")
+
+
 # --- the filters --------------------------------------------------------------------------------------
 
 
@@ -1668,6 +1726,7 @@ def _preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
         ("driver", lambda: _check_driver(rep, inv)),
         ("router", lambda: _check_router_settings(rep, inv)),
         ("monitoring", lambda: _check_monitoring(rep, inv, published_by_host, groups)),
+        ("types", lambda: _check_types(rep, inv, published_by_host, groups)),
         # Last: it leaves out what the checks above already reported for the same instance and variable.
         ("launcher", lambda: _check_launcher(rep, inv)),
     )

@@ -362,3 +362,36 @@ def test_the_roles_call_the_rules_and_hold_no_copy(path):
     assert call in text, f"{path} does not call {call}"
     for fragment in fragments:
         assert fragment not in text, f"{path} repeats {fragment!r}"
+
+
+class _NeedsFacts(dict):
+    """Host variables where one value cannot be resolved on the controller (it needs facts)."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "vllm_firewall_api_sources":
+            raise KeyError("ansible_facts")
+        return super().__getitem__(key)
+
+
+def test_types_run_the_role_argument_specs_on_what_the_inventory_sets():
+    pytest.importorskip("ansible.module_utils.common.arg_spec")
+    hostvars = {
+        "p1": types.MappingProxyType({"vllm_instance_published": instance("prefill", address="10.0.0.11"),
+                                      "vllm_firewall_enabled": "maybe"}),
+        "d1": types.MappingProxyType(_NeedsFacts({"vllm_instance_published": instance("decode", address="10.0.0.21"),
+                                                  "vllm_firewall_api_sources": None})),
+        "r1": types.MappingProxyType({"vllm_router_published": router_settings(log_level="debug"),
+                                      "vllm_router_log_level": "debug",
+                                      "vllm_router_health_check_interval_secs": "often"}),
+    }
+    groups = {"prefill": ["p1"], "decode": ["d1"], "router": ["r1"]}
+    found = pf.pd_preflight(hostvars, groups)
+    assert [line.split(":")[0] for line in found] == ["[router] r1", "[types] p1", "[types] r1"], found
+    assert found[1].startswith("[types] p1: vllm_firewall_enabled: is of type str and we were unable to convert to "
+                               "bool"), found
+    assert "(roles/vllm_firewall/meta/argument_specs.yml). Fix: give it the type the argument spec documents: " \
+           "ansible-doc -t role inferops.vllm.vllm_firewall." in found[1]
+    assert found[2].startswith("[types] r1: vllm_router_health_check_interval_secs: is of type str and we were "
+                               "unable to convert to int"), found
+    # vllm_router_log_level: debug is the `router` rule's line only (its spec's choices would say it again).
+    assert not any("[types] r1: vllm_router_log_level" in line for line in found)
