@@ -1659,6 +1659,14 @@ def _role_spec(role: str) -> dict[str, Any]:
     return {}
 
 
+def _reported_anywhere(rep: _Report, variable: str, host: str) -> bool:
+    """Whether any check (the launcher's too, which names host/instance) reported ``variable`` or a part of it for
+    ``host``."""
+    return any((key[1] == variable or _covers(variable, key[1]))
+               and any(found == host or found.startswith(host + "/") for found in hosts)
+               for key, hosts in rep._hosts.items())  # noqa: SLF001 - the report is this module's
+
+
 def _check_types(rep: _Report, inv: _Inventory, published_by_host: Mapping[str, Any],
                  groups: Mapping[str, Any] | None) -> None:
     """The inventory's values against the argument specs of the roles that read them; a variable another check
@@ -1686,7 +1694,7 @@ def _check_types(rep: _Report, inv: _Inventory, published_by_host: Mapping[str, 
                     value = _resolved(variables[name])
                 except Exception:  # noqa: BLE001 - a value that needs facts or an unloaded vault: the role decides
                     continue
-                if value is UNDEFINED or rep.reported(name, (host,)):
+                if value is UNDEFINED or _reported_anywhere(rep, name, host):
                     continue
                 result = ArgumentSpecValidator({name: option}).validate({name: value},
                                                                          validate_role_argument_spec=True)
@@ -1726,9 +1734,10 @@ def _preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
         ("driver", lambda: _check_driver(rep, inv)),
         ("router", lambda: _check_router_settings(rep, inv)),
         ("monitoring", lambda: _check_monitoring(rep, inv, published_by_host, groups)),
-        ("types", lambda: _check_types(rep, inv, published_by_host, groups)),
         # Last: it leaves out what the checks above already reported for the same instance and variable.
         ("launcher", lambda: _check_launcher(rep, inv)),
+        # After it: a variable any check reported for the host is not reported again as a type.
+        ("types", lambda: _check_types(rep, inv, published_by_host, groups)),
     )
     for name, step in steps:
         try:
