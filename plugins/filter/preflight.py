@@ -1696,8 +1696,8 @@ def _check_types(rep: _Report, inv: _Inventory, published_by_host: Mapping[str, 
                     continue
                 if value is UNDEFINED or _reported_anywhere(rep, name, host):
                     continue
-                result = ArgumentSpecValidator({name: option}).validate({name: value},
-                                                                         validate_role_argument_spec=True)
+                validator = ArgumentSpecValidator({name: option})
+                result = validator.validate({name: value}, validate_role_argument_spec=True)
                 for error in result.error_messages:
                     what = error.replace(f"argument '{name}' ", "", 1).replace(f"value of {name} ", "", 1)
                     rep.add("types", host, name, f"{what.rstrip('.')} (roles/{role}/meta/argument_specs.yml).",

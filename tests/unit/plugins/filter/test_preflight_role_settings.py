@@ -244,8 +244,8 @@ MONITORING = {
     "ports_clash": ("d1", monitoring(ports={"prometheus": 9090, "node_exporter": 8200, "nginx_exporter": 9113}),
                     "[monitoring] d1: vllm_monitoring_prometheus_port, vllm_monitoring_node_exporter_port, "
                     "vllm_monitoring_nginx_exporter_port: the host already serves 8200"),
-    "ports_router": ("r1", monitoring(prometheus=True, ports={"prometheus": 29001, "node_exporter": 9100,
-                                                            "nginx_exporter": 9113}),
+    "ports_router": ("r1", monitoring(prometheus=True,
+                                      ports={"prometheus": 29001, "node_exporter": 9100, "nginx_exporter": 9113}),
                      "[monitoring] r1: vllm_monitoring_prometheus_port, vllm_monitoring_node_exporter_port, "
                      "vllm_monitoring_nginx_exporter_port: the host already serves 29001"),
     "ports_same": ("p1", monitoring(ports={"prometheus": 9100, "node_exporter": 9100, "nginx_exporter": 9113}),
