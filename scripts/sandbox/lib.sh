@@ -43,10 +43,23 @@ SANDBOX_SUBNET="10.89.250.0/24"
 # The controller's SSH key for the sandbox hosts (made on first use, 0600, outside the repo).
 SANDBOX_SSH_KEY="${CACHE_DIR}/sandbox-secrets/ssh_ed25519"
 
-# What the sandbox inventory and the molecule scenarios read from the environment.
+# The sandbox inventory reads no environment but INFEROPS_CACHE_DIR (and XDG_CACHE_HOME, HOME), as this file
+# does: inventories/sandbox/group_vars/all/sandbox.yml derives every path from the cache directory. Its
+# versioned builds are found through these links, fixed names that a version bump points elsewhere.
+SANDBOX_LINKS_DIR="${CACHE_DIR}/sandbox"
+link_sandbox_paths() {
+  mkdir -p "$SANDBOX_LINKS_DIR"
+  ln -sfn "$WHEELHOUSE_DIR" "$SANDBOX_LINKS_DIR/wheelhouse"
+  ln -sfn "$ROUTER_WHEELHOUSE_DIR" "$SANDBOX_LINKS_DIR/router-wheelhouse"
+  ln -sfn "$MODEL_DIR" "$SANDBOX_LINKS_DIR/model"
+}
+
+# What the molecule scenarios, the test scripts and the tests read from the environment (the sandbox
+# inventory needs none of it: see link_sandbox_paths), and the links and key the inventory reads.
 export_sandbox_env() {
   mkdir -p "$CACHE_DIR/sandbox-secrets" "$APT_ARCHIVES_DIR/partial"
   chmod 0700 "$CACHE_DIR/sandbox-secrets"
+  link_sandbox_paths
   export INFEROPS_WHEELHOUSE_DIR="$WHEELHOUSE_DIR" INFEROPS_ROUTER_WHEELHOUSE_DIR="$ROUTER_WHEELHOUSE_DIR" \
     INFEROPS_MODEL_DIR="$MODEL_DIR" INFEROPS_BASE_IMAGE="$BASE_IMAGE" INFEROPS_UBUNTU_IMAGE="$UBUNTU_IMAGE" \
     INFEROPS_APT_ARCHIVES="$APT_ARCHIVES_DIR" \

@@ -54,4 +54,5 @@ for entry in "${hosts[@]}"; do
   die "sandbox host $name does not answer SSH on $address (podman exec $name journalctl -u ssh)"
 done
 
+log "other playbooks, in any shell: source scripts/sandbox/env.sh; ansible-playbook playbooks/<playbook>.yml -i inventories/sandbox"
 exec ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox "$@"

@@ -1,5 +1,8 @@
 """vllm_install's preflight refuses bad package index settings before any host changes.
 
+The rules are the PD preflight's `install` rules (plugins/filter/preflight.py), which the role runs through
+inferops.vllm.install_problems on its published record; tests/preflight/install_* run them in playbooks/preflight.yml.
+
 The real ansible-playbook runs the role's preflight entry point (the one deploy_pd.yml runs on every host
 before its first change) once, on one inventory host per case, each this machine (connection local) with the
 case's settings. Each bad setting fails its host with a message naming the host and the variable, and never
@@ -37,8 +40,8 @@ CASES = {
     "pypi_default": ({"vllm_install_source": "index"}, None),
     "credentials_in_url": (
         {"vllm_install_source": "index", "vllm_install_index_url": f"https://deploy:{SECRET}@pypi.internal.example/simple"},
-        "vllm_install_index_url and vllm_install_extra_index_urls must be http:// or https:// URLs of a "
-        "simple API without credentials in them",
+        "[install] credentials_in_url: vllm_install_index_url, vllm_install_extra_index_urls: must be http:// or "
+        "https:// URLs of a simple API without credentials in them",
     ),
     "credentials_in_extra_url": (
         {**HTTPS, "vllm_install_extra_index_urls": [f"https://u:{SECRET}@mirror.example/simple"]},
@@ -47,7 +50,7 @@ CASES = {
     "not_a_url": ({**HTTPS, "vllm_install_extra_index_urls": ["pypi.internal.example/simple"]},
                   "not: pypi.internal.example/simple."),
     "user_without_password": ({**HTTPS, "vllm_install_index_username": "deploy"},
-                              "vllm_install_index_username and vllm_install_index_password must be set together"),
+                              "vllm_install_index_username, vllm_install_index_password: must be set together"),
     "password_over_http": (
         {"vllm_install_source": "index", "vllm_install_index_url": "http://10.0.0.5:3141/simple",
          "vllm_install_index_username": "deploy", "vllm_install_index_password": SECRET},
@@ -62,10 +65,10 @@ CASES = {
     "not_ascii": ({**HTTPS, "vllm_install_index_username": "deploy", "vllm_install_index_password": SECRET + "é"},
                   "must be printable ASCII"),
     "missing_ca_file": ({**HTTPS, "vllm_install_index_ca_file": "/nonexistent/ca.pem"},
-                        "vllm_install_index_ca_file (/nonexistent/ca.pem) is not a PEM file of certificates"),
+                        "vllm_install_index_ca_file: is '/nonexistent/ca.pem', not a PEM file of certificates"),
     "wheelhouse_ignores_index_settings": (
         {"vllm_install_source": "wheelhouse", "vllm_install_wheelhouse_dir": "/", "vllm_install_index_url": "nonsense"},
-        "is not a directory on the controller"),
+        "vllm_install_wheelhouse_dir: is '/', not a directory on the controller holding requirements.lock"),
 }
 
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")

@@ -441,15 +441,18 @@ def test_valid_api_key(value, allow_empty, valid):
 
 
 def test_both_roles_use_the_one_key_rule():
+    """The router's record counts its client keys that fail the rule and says whether the worker key passes it (never a
+    key); router_problems and the PD preflight report them. The instance role asserts its key unlogged."""
     router = (REPO / "roles" / "vllm_router" / "tasks" / "preflight.yml").read_text(encoding="utf-8")
+    publish = (REPO / "roles" / "vllm_router" / "tasks" / "publish.yml").read_text(encoding="utf-8")
     instance = (REPO / "roles" / "vllm_instance" / "tasks" / "preflight.yml").read_text(encoding="utf-8")
-    assert "vllm_router_api_keys | map('inferops.vllm.valid_api_key') | reject | list | length == 0" in router
-    assert "vllm_router_worker_api_key | inferops.vllm.valid_api_key(allow_empty=true)" in router
+    assert "__api_keys | map('inferops.vllm.valid_api_key') | reject | list | length" in publish
+    assert "vllm_router_worker_api_key | inferops.vllm.valid_api_key(allow_empty=true)" in publish
+    assert "inferops.vllm.router_problems" in router
     assert "vllm_instance_api_key | inferops.vllm.valid_api_key(allow_empty=true)" in instance
-    assert "{16,}" not in router and "{16,}" not in instance
-    for tasks in (router, instance):
-        key_tasks = [t for t in yaml.safe_load(tasks) if "valid_api_key" in str(t.get("ansible.builtin.assert"))]
-        assert key_tasks and all(t.get("no_log") is True for t in key_tasks)
+    assert "{16,}" not in router and "{16,}" not in instance and "{16,}" not in publish
+    key_tasks = [t for t in yaml.safe_load(instance) if "valid_api_key" in str(t.get("ansible.builtin.assert"))]
+    assert key_tasks and all(t.get("no_log") is True for t in key_tasks)
 
 
 @pytest.mark.parametrize(("key", "valid"), [("instance-key-000000000001", True), ("", True), ("short", False),

@@ -470,31 +470,34 @@ PUBLISHED = {
     },
 }
 BAD = {
-    "router_outside": ({"routers": ("r1", "r2")}, {}, "the router hosts r2 are not in the monitoring group"),
+    "router_outside": ({"routers": ("r1", "r2")}, {},
+                       "[monitoring] r2: groups['monitoring']: the router host is not in the monitoring group"),
     "duration": (
         {},
         {"vllm_monitoring_slo_window": "5 minutes"},
-        "vllm_monitoring_slo_window ('5 minutes') must be Prometheus durations",
+        "vllm_monitoring_slo_window: must be Prometheus durations: vllm_monitoring_slo_window ('5 minutes')",
     ),
     "timeout": (
         {},
         {"vllm_monitoring_scrape_timeout": "30s"},
-        "vllm_monitoring_scrape_timeout (30s) must not be longer than vllm_monitoring_scrape_interval (15s)",
+        "vllm_monitoring_scrape_timeout: is 30s, longer than vllm_monitoring_scrape_interval (15s)",
     ),
     "threshold": (
         {},
         {"vllm_monitoring_kv_cache_usage_threshold": 90},
-        "vllm_monitoring_kv_cache_usage_threshold (90) and vllm_monitoring_fallback_ratio (0.1) shares above 0",
+        "vllm_monitoring_kv_cache_usage_threshold: is 90, not a share above 0 and at most 1",
     ),
     "port": (
         {},
         {"vllm_monitoring_node_exporter_port": 8200},
-        "d1: vllm_monitoring_prometheus_port (9090), vllm_monitoring_node_exporter_port (8200)",
+        "[monitoring] d1: vllm_monitoring_prometheus_port, vllm_monitoring_node_exporter_port, "
+        "vllm_monitoring_nginx_exporter_port: the host already serves 8200",
     ),
     "remote": (
         {},
         {"vllm_monitoring_prometheus_listen_address": "0.0.0.0"},
-        "r1: vllm_monitoring_prometheus_listen_address is 0.0.0.0: Prometheus' API and UI answer anyone",
+        "[monitoring] r1: vllm_monitoring_prometheus_listen_address: is '0.0.0.0': Prometheus' API and UI answer "
+        "anyone",
     ),
     "good": ({}, {}, None),
 }

@@ -44,7 +44,8 @@ CASES = {
     # The NIXL core reservation line is changed in a known vLLM file only (roles/vllm_install vars), on the cpu variant.
     "unknown_vllm_cpu": (
         {"vllm_install_variant": "cpu", "vllm_install_version": "0.33.0"},
-        "localhost: vllm_install_nixl_honour_cpu_binding is true, which changes one line of vLLM's NIXL worker "
+        "[install] localhost: vllm_install_nixl_honour_cpu_binding: is true, which changes one line of vLLM's NIXL "
+        "worker "
         "(base_worker.py), whose content is known for vLLM 0.32.0 only, and vllm_install_version is '0.33.0'. "
         "Fix: set vllm_install_nixl_honour_cpu_binding: false",
     ),
@@ -89,5 +90,5 @@ def test_delay_is_checked_before_any_change(runs, case):
         return
     assert run.returncode != 0, output
     if "honour_cpu_binding" not in expected:
-        assert "localhost: vllm_install_nixl_progress_delay_us is" in output, output
+        assert "[install] localhost: vllm_install_nixl_progress_delay_us: is" in output, output
     assert expected in output, output

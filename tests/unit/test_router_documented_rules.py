@@ -20,9 +20,9 @@ EMBEDDINGS = {"path": "/v1/embeddings", "methods": ["POST"]}
     # The role's argument spec refuses the level itself...
     ({"vllm_router_log_level": "debug"},
      "value of vllm_router_log_level must be one of: info, warning, error, critical, got: debug"),
-    # ...and its preflight the same level passed around it.
+    # ...and its preflight (the PD preflight's `router` rule) the same level passed around it.
     ({"vllm_router_extra_args": ["--log-level", "debug"]},
-     "router-1: vllm_router_log_level must be info, warning, error or critical"),
+     "[router] router-1: vllm_router_extra_args: sets --log-level or --log-dir"),
 ], ids=["log_level", "extra_args"])
 def test_the_router_refuses_a_debug_log_level(tmp_path, settings, refusal):
     run = _render(tmp_path, {**PLAIN, **settings})
@@ -60,7 +60,8 @@ def test_extra_routes_refuse_a_bad_path_or_method(tmp_path, route):
     run = _render(tmp_path, {**PLAIN, "vllm_router_front_extra_routes": [route]})
     output = run.stdout + run.stderr
     assert run.returncode != 0, output[-3000:]
-    assert "vllm_router_front_extra_routes a list of" in output, output[-3000:]
+    assert "[router] router-1: vllm_router_front_extra_routes: is " in output, output[-3000:]
+    assert "not a list of {path: /exact/path, methods: [POST]}" in output, output[-3000:]
 
 
 def test_every_route_answers_its_per_key_limit_with_retry_after(tmp_path):

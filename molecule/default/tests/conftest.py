@@ -60,12 +60,27 @@ def secret(name: str) -> str:
         return f.read().split()[0]
 
 
+# The only variable of scripts/sandbox/lib.sh's environment that the sandbox inventory reads (its group_vars/all/
+# sandbox.yml derives every controller path from it, with a default): issue #28.
+INVENTORY_ENVIRONMENT = ("INFEROPS_CACHE_DIR",)
+
+
+def playbook_environment() -> dict[str, str]:
+    """This process's environment without the INFEROPS_* variables scripts/test.sh exports for the tests and
+    molecule.yml: a playbook run with it proves that the sandbox's group_vars need none of them, as when a user runs
+    `ansible-playbook playbooks/<x>.yml -i inventories/sandbox` in a new shell after up.sh. Molecule's own
+    variables (its inventory's addresses) and PATH stay."""
+    return {key: value for key, value in os.environ.items()
+            if not key.startswith("INFEROPS_") or key in INVENTORY_ENVIRONMENT}
+
+
 def deploy_playbook(inventory: str, name: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    """ansible-playbook of this checkout's playbooks/NAME with molecule's ansible.cfg, output captured. Each run's
-    output also goes to INFEROPS_TEST_LOG_DIR (scripts/test.sh sets it) with its wall time, so that the test run
-    ends with every playbook's task-timing recap, passing or not."""
+    """ansible-playbook of this checkout's playbooks/NAME with molecule's ansible.cfg, output captured, in
+    playbook_environment() (no INFEROPS_* variable but the cache directory). Each run's output also goes to
+    INFEROPS_TEST_LOG_DIR (scripts/test.sh sets it) with its wall time, so that the test run ends with every
+    playbook's task-timing recap, passing or not."""
     project = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
-    env = dict(os.environ)
+    env = playbook_environment()
     cfg = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"), "ansible.cfg")
     if os.path.isfile(cfg):
         env["ANSIBLE_CONFIG"] = cfg

@@ -1,18 +1,20 @@
 """The PD proof's judgement (plugins/module_utils/vllm_metrics.py, what the vllm_health module runs)
 against the running instances: a request through the front is handed over; a request that skips
-prefill, alone or beside a handed-over one, is not, and the proof says why."""
+prefill, alone or beside a handed-over one, is not, and the proof says why. And playbooks/verify.yml on
+its own, as a user runs it after scripts/sandbox/up.sh."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import ssl
 import time
 import urllib.request
 
 import pytest
-from conftest import front_ca, instance_auth, secret
+from conftest import deploy_playbook, front_ca, instance_auth, molecule_only, secret
 
 MODEL = "smollm2-135m-instruct"
 
@@ -91,3 +93,17 @@ def test_a_partial_handoff_fails_the_proof(vllm_metrics, front_url, prefill_url,
     assert not evaluation["handoff_proven"], evaluation
     assert 0 < evaluation["kv_tokens_transferred"] < handed + direct - 1, evaluation
     assert evaluation["nixl_transfers"] >= 1
+
+
+@molecule_only
+def test_verify_yml_alone_proves_the_deployment_with_no_environment_but_the_cache_dir():
+    """playbooks/verify.yml as the README runs it after up.sh, in a new shell (issue #28): no INFEROPS_* variable but
+    the cache directory (conftest.playbook_environment), the sandbox's group_vars deriving the model, wheelhouses and
+    keys from it. It proves the handoff and changes nothing. test_day2.py runs rolling_restart.yml and deploy_pd.yml
+    the same way (deploy_playbook); tests/unit/test_sandbox_inventory.py resolves the inventory on the controller."""
+    run = deploy_playbook(os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "inventory"), "verify.yml")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert "KV handoff PROVEN" in " ".join(output.split()), output[-4000:]  # YAML output may wrap the line
+    recap = re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)
+    assert recap and all(r[1:] == ("0", "0", "0") for r in recap), (recap, output[-4000:])

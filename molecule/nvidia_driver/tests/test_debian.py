@@ -85,7 +85,7 @@ def test_report_says_what_was_skipped_and_why(debian):
     ("extra", "message"),
     [
         (["-e", 'nvidia_driver_branch="550"'], "Debian 12 carries only driver branch 535"),
-        (["-e", 'nvidia_driver_branch="58"'], "nvidia_driver_branch must be a quoted three-digit branch"),
+        (["-e", 'nvidia_driver_branch="58"'], "nvidia_driver_branch: is '58', not a quoted three-digit driver branch"),
         (["-e", "nvidia_driver_fabric_manager=true"], "Debian's non-free has no fabric manager package"),
     ],
 )

@@ -1,5 +1,5 @@
 """Unit tests for the kv_fabric and kv_fabric_problems filters (plugins/filter/fabric.py, rules in
-plugins/module_utils/_kv_fabric.py), on the facts rdma_fabric_facts reads from the recorded sysfs trees
+plugins/plugin_utils/_kv_fabric.py), on the facts rdma_fabric_facts reads from the recorded sysfs trees
 (tests/unit/fixtures/sysfs/*.tree): no GPU and no RDMA NIC here.
 """
 
