@@ -131,9 +131,10 @@ def bound_cpus(bind: str) -> set[int] | None:
         return None
     cpus: set[int] = set()
     for part in re.split(r"[,|]", bind):
-        first, _, last = part.partition("-")
+        first, _dash, last = part.partition("-")
         cpus.update(range(int(first), int(last or first) + 1))
     return cpus
+
 
 # vLLM flags that carry a secret on the command line (which the launcher logs and ps shows): the
 # named ones, and any other --*-key / --*-token / --*-secret / --*-password.

@@ -145,6 +145,7 @@ def main():
     check("the same vllm-router id gives the same opaque id in JSON and SSE (a function of the id)", ids[0] == jid)
     # 1c. Tenant isolation of the prefix cache (vllm_router_front_cache_salt_per_key, issue #25): every
     # completion body reaches vllm-router with the key's cache_salt; a client's own salt is replaced.
+
     def salts_of(body, key, path="/v1/chat/completions"):
         before = len(lines(f"{GW}/local_requests.log"))
         st = post(body, key=key, path=path)[0]

@@ -183,8 +183,8 @@ def test_each_target_gets_every_scenario(tmp_path, colocated, instances):
         assert server.auth == [f"Bearer {INSTANCE_KEY}"] * 6, server.auth
     assert sorted(p.name for p in (run_dir / "kv").glob("*.json")) == ["chat.json", "other.json", "short.json"]
     kv = json.loads((run_dir / "kv" / "short.json").read_text())
-    assert (kv["transfers"], kv["bytes"], kv["problems"], kv["complete"]) == (PER_READ, PER_READ * TRANSFER_BYTES,
-                                                                                [], True)
+    expected = (PER_READ, PER_READ * TRANSFER_BYTES, [], True)
+    assert (kv["transfers"], kv["bytes"], kv["problems"], kv["complete"]) == expected
     assert kv["bytes_per_prompt_token"] == round(PER_READ * TRANSFER_BYTES / 400, 1)
     assert {i["instance"]: i["status"] for i in kv["instances"]} == {"p1 vllm-0": "missing", "d1 vllm-0": "ok"}
     assert f"{PER_READ} NIXL transfers, {PER_READ * TRANSFER_BYTES} bytes" in " ".join(output.split())

@@ -1943,6 +1943,6 @@ def test_every_process_of_the_instance_inherits_the_cpus(tmp_path):
     config.write_text(f'[server]\n[model]\nname = "/m"\n[cpu]\nomp_threads_bind = "{cpu}"\n')
     installed = on_a_host(tmp_path / "lib")
     result = subprocess.run([sys.executable, str(installed), "--config", str(config), "--vllm-bin", str(fake)],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str([cpu])
