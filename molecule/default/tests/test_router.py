@@ -185,6 +185,18 @@ def test_front_answers_429_over_the_rate_limit_per_key(router_host, front_url):
     limited = next(a for a in answers if a[0] == 429)
     assert {k.lower(): v for k, v in limited[1].items()}.get("retry-after") == "1"
     assert b"rate_limit" in limited[2]
+    # The key's bucket refills at `rate` per second: the next tests (the same key, no retries) must not meet
+    # the burst's tail. A refill that never comes fails here, by name, rather than in an unrelated test.
+    assert _refilled(front_url, key, deadline=time.monotonic() + 2 * (burst // rate + 2)), "the key stayed limited"
+
+
+def _refilled(front_url: str, key: str, deadline: float) -> bool:
+    """True once `burst`'s worth of the key's bucket is back: a short burst of 5 passes whole."""
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        if all(status_of(f"{front_url}/v1/models", bearer(key)) == 200 for _ in range(5)):
+            return True
+    return False
 
 
 def test_front_speaks_tls_only_and_verifiably(front_url):
