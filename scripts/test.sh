@@ -127,7 +127,7 @@ main() {
   fi
   if has unit && [ "$fg_rc" -eq 0 ]; then
     stage "unit tests (pytest-xdist, 2 workers)"
-    timed unit pytest -q -n 2 --durations=15 tests/unit || fg_rc=1
+    timed unit pytest -q -n 2 --dist loadfile --durations=15 tests/unit || fg_rc=1
   fi
   local bg_rc=0 pid name
   if [ ${#bg_pids[@]} -gt 0 ]; then
