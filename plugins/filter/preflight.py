@@ -1804,6 +1804,41 @@ def instance_problems(published: Mapping[str, Any], host: str) -> list[str]:
     return rep.lines()
 
 
+def _address(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address as ipaddress parses it (an IPv6 zone, fe80::1%eth0, dropped), or None for anything else."""
+    try:
+        return ipaddress.ip_address(_text(value).split("%", 1)[0].strip("[]"))
+    except ValueError:
+        return None
+
+
+def host_address_problems(address: Any, host: str, host_addresses: Any) -> list[str]:
+    """The ``network`` rule only a host's facts decide: vllm_instance_host_address must be one of the host's own
+    addresses (the facts' all_ipv4_addresses + all_ipv6_addresses, which leave out loopback). The instances'
+    NIXL side channel binds to it, the routers' worker lists and the peers' firewall rules name it: an address
+    the host does not have passes the controller's preflight and stops the instances at start, after every
+    host was changed. A loopback or unspecified address is the controller's rule (one host only), and a host
+    whose facts list no address cannot be judged here (nothing to compare with)."""
+    rep = _Report()
+    own = [a for a in (_address(v) for v in (host_addresses or [])) if a is not None]
+    wanted = _address(address)
+    if not own:
+        return []
+    if wanted is None:
+        rep.add("network", host, "vllm_instance_host_address",
+                f"is {_show(address)}, not an IP address: peers and the router reach the instances at it.",
+                f"set it to one of the host's addresses ({_names(sorted({str(a) for a in own}))}), or remove it to "
+                "use the default route's address.")
+    elif not (wanted.is_loopback or wanted.is_unspecified) and wanted not in own:
+        rep.add("network", host, "vllm_instance_host_address",
+                f"is {_show(address)}, which is not an address of this host (its addresses: "
+                f"{_names(sorted({str(a) for a in own}))}): each instance's NIXL side channel binds to it and the "
+                "router and the peers reach the instances there, so the instances would fail at start, after the "
+                "hosts were changed.",
+                "set it to this host's address on the KV network, or remove it to use the default route's address.")
+    return rep.lines()
+
+
 def router_problems(published: Mapping[str, Any], host: str, limits: Any = None) -> list[str]:
     """The ``ports`` check of one router host (replicas 1 to 8, its ports valid and distinct), its part of the
     ``secrets`` check (client keys, worker key, TLS pair and files) and the ``router`` check (its own settings; the
@@ -1963,6 +1998,7 @@ class FilterModule:
                 "front_fallback_problems": front_fallback_problems,
                 "front_fallback_redact": front_fallback_redact, "kv_sizing": kv_sizing,
                 "launcher_problems": launcher_problems, "instance_problems": instance_problems,
+                "host_address_problems": host_address_problems,
                 "router_problems": router_problems, "valid_api_key": valid_api_key,
                 "install_problems": install_problems, "driver_problems": driver_problems,
                 "monitoring_problems": monitoring_problems,

@@ -254,7 +254,7 @@ ROLE_PREFLIGHT = """\
     vllm_instance_model: HuggingFaceTB/SmolLM2-135M-Instruct
     # A hub model needs a commit (the role refuses a branch); this one is only a well-formed stand-in.
     vllm_instance_model_revision: 0123456789abcdef0123456789abcdef01234567
-    vllm_instance_host_address: 127.0.0.1
+    vllm_instance_host_address: "{{ lookup('ansible.builtin.env', 'TEST_HOST_ADDRESS') | default('127.0.0.1', true) }}"
     vllm_instance_api_key: "{{ lookup('ansible.builtin.env', 'TEST_INSTANCE_KEY') }}"
     vllm_instance_extra_args: "{{ lookup('ansible.builtin.env', 'TEST_EXTRA_ARGS') | from_json }}"
     vllm_instance_kv_cache_dtype: "{{ lookup('ansible.builtin.env', 'TEST_KV_CACHE_DTYPE') }}"
@@ -274,6 +274,9 @@ ROLE_RUNS = {
     "good": {"TEST_INSTANCE_KEY": "", "TEST_EXTRA_ARGS": '["--max-log-len", "100"]', "TEST_KV_CACHE_DTYPE": "fp8_e5m2"},
     # A value the argument spec's choices used to refuse with "must be one of": the preflight says why.
     "int4_kv": {"TEST_INSTANCE_KEY": "", "TEST_EXTRA_ARGS": "[]", "TEST_KV_CACHE_DTYPE": "int4"},
+    # An address this machine does not have (TEST-NET-3): the controller's preflight cannot know, the role's can.
+    "foreign_address": {"TEST_INSTANCE_KEY": "", "TEST_EXTRA_ARGS": "[]", "TEST_KV_CACHE_DTYPE": "auto",
+                        "TEST_HOST_ADDRESS": "203.0.113.77"},
 }
 
 
@@ -328,3 +331,16 @@ def test_the_roles_preflight_says_why_a_kv_cache_dtype_is_refused(role_runs):
     assert "value of vllm_instance_kv_cache_dtype must be one of" not in output, output
     assert re.search(r"\[launcher\] localhost/vllm-0: vllm_instance_kv_cache_dtype: the launcher on the host would "
                      r"refuse the instance's kv_cache\.quant_dtype: vLLM 0\.32 has no 4-bit KV cache", output), output
+
+
+def test_the_roles_preflight_refuses_an_address_the_host_does_not_have(role_runs):
+    """The address the instances bind their NIXL side channel to and the routers reach them at: checked against
+    the host's address facts before any change (issue #24), where it used to fail only when vLLM started."""
+    run = role_runs["foreign_address"]
+    output = " ".join(_output(run).split())  # the YAML callback folds long messages
+    assert run.returncode != 0, output
+    task = "TASK [inferops.vllm.vllm_instance : Check that vllm_instance_host_address is one of this host's addresses]"
+    assert task in _output(run), output
+    assert "[network] localhost: vllm_instance_host_address: is '203.0.113.77', which is not an address of this host" \
+        in output, output
+    assert re.search(r"changed=0 .*failed=1", output), output
