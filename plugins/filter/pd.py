@@ -4,7 +4,7 @@
 """Filters that turn the inventory's prefill/decode hosts into the list of their instances, and the router
 hosts into the address clients reach the front at.
 
-Documented in pd_instances.yml, url_host.yml and front_endpoint.yml beside this file.
+Documented in pd_instances.yml, url_host.yml, front_endpoint.yml and rollout_batch_problems.yml beside this file.
 """
 
 from __future__ import annotations
@@ -144,6 +144,55 @@ def front_endpoint(hostvars, groups, options=None):
     return out
 
 
+def _batch_sizes(serial, count):
+    """Ansible's batches for a play's ``serial`` over ``count`` hosts: a whole number or "N%" (of the play's hosts,
+    at least 1), or a list of them whose last one repeats; a percentage rounds down as Ansible's pct_to_int does."""
+    values = serial if isinstance(serial, (list, tuple)) else [serial]
+    sizes = []
+    for value in values or [count]:
+        text = str(value).strip()
+        try:
+            size = int(float(text[:-1]) / 100.0 * count) if text.endswith("%") else int(text)
+        except ValueError as exc:
+            raise AnsibleFilterError(
+                f"vllm_rollout_serial is {value!r}: give a whole number of hosts or a percentage such as '25%'."
+            ) from exc
+        sizes.append(max(size, 1) if size > 0 or text.endswith("%") else count)
+    return sizes
+
+
+def rollout_batch_problems(plan, pools, hosts, serial):
+    """Where ``serial`` (vllm_rollout_serial) would take a whole pool out of the routers at once: each host of a
+    batch rolls one of its instances at a time, side by side with the batch's other hosts, so a batch whose hosts
+    hold every instance of a pool (one each, all in ``plan``) empties that pool and every request fails. ``pools``
+    maps prefill/decode to their sizes, ``hosts`` maps them to the roll play's hosts in order. One line per pool
+    and batch; a pool of one instance is the rollout's other rule (vllm_rollout_allow_downtime)."""
+    problems = []
+    for role in ("decode", "prefill"):
+        size = int((pools or {}).get(role) or 0)
+        order = list((hosts or {}).get(role) or [])
+        if size < 2 or not order:
+            continue
+        rolling = {item["host"] for item in plan or [] if item.get("role") == role}
+        sizes, start, index = _batch_sizes(serial, len(order)), 0, 0
+        while start < len(order):
+            batch = order[start:start + sizes[min(index, len(sizes) - 1)]]
+            start, index = start + len(batch), index + 1
+            out = [h for h in batch if h in rolling]
+            if len(out) >= size:
+                names = [item["name"] for item in plan if item.get("role") == role and item["host"] in out]
+                problems.append(
+                    f"vllm_rollout_serial {serial!r} rolls the hosts {', '.join(out)} side by side, and they hold "
+                    f"every instance of the {role} pool ({', '.join(names)}): each takes one out of the routers at "
+                    f"the same time, the pool would be empty and every request would fail. Nothing was changed. Use a "
+                    f"smaller "
+                    f"vllm_rollout_serial (at most {size - 1} of the pool's {size} hosts at a time), or accept the "
+                    "interruption with -e vllm_rollout_allow_downtime=true."
+                )
+    return problems
+
+
 class FilterModule:
     def filters(self):
-        return {"pd_instances": pd_instances, "url_host": url_host, "front_endpoint": front_endpoint}
+        return {"pd_instances": pd_instances, "url_host": url_host, "front_endpoint": front_endpoint,
+                "rollout_batch_problems": rollout_batch_problems}

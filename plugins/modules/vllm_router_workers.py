@@ -16,6 +16,10 @@ description:
   - V(absent) removes O(url) from every router with C(POST /remove_worker?url=), then reads C(GET /list_workers)
     to confirm that it is gone. New requests then go to the other instances of its pool, while the requests it is
     running finish.
+  - Before any removal, V(absent) with O(url) reads each router's C(GET /workers) and refuses, changing nothing,
+    when a router that lists the instance counts no other healthy worker of its kind (another instance of the pool
+    already down, or being rolled at the same time), because taking it out would leave that router without a prefill
+    or a decode worker and every request would fail. O(allow_empty_pool) takes it out anyway.
   - With O(keep) instead of O(url), V(absent) takes out of every router each worker that is not in O(keep) (the
     instances leaving the deployment - a host or an instance removed from the inventory), and refuses, before any
     change, when that would leave a running router without a prefill or without a decode worker, unless
@@ -57,6 +61,8 @@ options:
     description:
       - With O(keep), take workers out even when a running router is left without a prefill or a decode worker
         (every request fails until it restarts with new ones).
+      - With O(url), take the instance out even when a router counts no other healthy worker of its kind (every
+        request fails until the instance or another one of its pool is back).
     type: bool
     default: false
   state:
@@ -159,6 +165,26 @@ def healthy(router, url):
     return any(str(w.get("url", "")).rstrip("/") == url and w.get("is_healthy") is True for w in workers(router))
 
 
+def _url(worker):
+    return str(worker.get("url", "")).rstrip("/")
+
+
+def pool_problems(routers, url):
+    """Per router that lists ``url``: a line when it counts no other healthy worker of the same kind."""
+    problems = []
+    for router in routers:
+        found = workers(router)
+        mine = [w for w in found if _url(w) == url]
+        if not mine:
+            continue  # already out of this router (a failed run taken up again): nothing to take out
+        kind = mine[0].get("worker_type")
+        others = [w for w in found if _url(w) != url and w.get("worker_type") == kind]
+        if not any(w.get("is_healthy") is True for w in others):
+            shown = ", ".join(sorted(f"{_url(w)} (unhealthy)" for w in others)) or "none"
+            problems.append(f"{router} counts no other healthy {kind} worker (its other {kind} workers: {shown})")
+    return problems
+
+
 def remove(router, url):
     call(f"{router}/remove_worker?url={urllib.parse.quote(url, safe='')}", method="POST")
     if listed(router, url):
@@ -228,6 +254,19 @@ def main():
     url = module.params["url"].rstrip("/")
     results = []
     changed = False
+    try:
+        problems = (pool_problems(routers, url)
+                    if module.params["state"] == "absent" and not module.params["allow_empty_pool"] else [])
+    except OSError as exc:
+        module.fail_json(msg=str(exc), routers=results)
+    if problems:
+        module.fail_json(
+            msg=(f"Taking {url} out would leave a router without a healthy worker of its kind: "
+                 f"{'; '.join(problems)}. Every request would fail until one is back. Nothing was changed. Bring the "
+                 "rest of the pool back into rotation first (each instance's /health answers, the routers count it "
+                 "healthy), roll fewer instances of one pool at a time (vllm_rollout_serial), or accept the "
+                 "interruption with -e vllm_rollout_allow_downtime=true."),
+            routers=results)
     try:
         for router in routers:
             before = listed(router, url)

@@ -29,6 +29,8 @@ from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import f
 PREFILL = "http://10.0.0.4:8100"
 DECODE = "http://10.0.0.5:8200"
 OTHER_DECODE = "http://10.0.0.6:8200"
+# A decode pool of two: taking one out leaves the other (an instance alone in its pool is refused, see below).
+POOL = {PREFILL: "prefill", DECODE: "decode", OTHER_DECODE: "decode"}
 
 
 def run(args=None, **kwargs):
@@ -173,7 +175,7 @@ def closed_port():
 
 
 def test_absent_removes_from_every_router(routers):
-    first, second = routers(), routers()
+    first, second = routers(POOL), routers(POOL)
     result = run({"routers": [first.url, second.url + "/"], "url": DECODE, "state": "absent"})
 
     assert result["changed"] is True
@@ -184,14 +186,14 @@ def test_absent_removes_from_every_router(routers):
     for router in (first, second):
         # The URL arrives whole (it is percent-encoded in the query), and only that worker goes.
         assert router.calls("POST", "/remove_worker") == [{"url": [DECODE]}]
-        assert list(router.workers) == [PREFILL]
-        # Read before, and again after the removal to confirm it.
+        assert list(router.workers) == [PREFILL, OTHER_DECODE]
+        # Read before, and again after the removal to confirm it; the pool read once, before any removal.
         assert len(router.calls("GET", "/list_workers")) == 2
-        assert router.calls("GET", "/workers") == []
+        assert len(router.calls("GET", "/workers")) == 1
 
 
 def test_absent_url_with_trailing_slash_is_the_same_worker(routers):
-    router = routers()
+    router = routers(POOL)
     result = run({"routers": [router.url], "url": DECODE + "/"})  # state defaults to absent
     assert result["changed"] is True
     assert router.calls("POST", "/remove_worker") == [{"url": [DECODE]}]
@@ -210,7 +212,7 @@ def test_absent_when_already_absent_is_not_a_change(routers):
 
 
 def test_absent_from_one_router_only_is_a_change(routers):
-    first, second = routers({PREFILL: "prefill"}), routers()
+    first, second = routers({PREFILL: "prefill"}), routers(POOL)
     result = run({"routers": [first.url, second.url], "url": DECODE})
     assert result["changed"] is True
     assert [r["listed_before"] for r in result["routers"]] == [False, True]
@@ -219,7 +221,7 @@ def test_absent_from_one_router_only_is_a_change(routers):
 
 
 def test_check_mode_removes_nothing_but_reports_the_change(routers):
-    first, second = routers(), routers()
+    first, second = routers(POOL), routers(POOL)
     result = run({"routers": [first.url, second.url], "url": DECODE}, check_mode=True)
 
     assert result["changed"] is True
@@ -238,7 +240,7 @@ def test_check_mode_when_already_absent_reports_no_change(routers):
 
 
 def test_router_that_keeps_the_worker_fails(routers):
-    first, stubborn = routers(), routers(removes=False)
+    first, stubborn = routers(POOL), routers(POOL, removes=False)
     result = run({"routers": [first.url, stubborn.url], "url": DECODE}, expect="fail")
 
     assert result["msg"] == f"{stubborn.url} still lists {DECODE} after POST /remove_worker"
@@ -248,16 +250,16 @@ def test_router_that_keeps_the_worker_fails(routers):
     assert stubborn.calls("POST", "/remove_worker") == [{"url": [DECODE]}]
 
 
-def test_router_that_is_down_fails_with_its_url(routers):
-    up = routers()
+def test_router_that_is_down_fails_with_its_url_before_any_change(routers):
+    up = routers(POOL)
     down = f"http://127.0.0.1:{closed_port()}"
     result = run({"routers": [up.url, down], "url": DECODE}, expect="fail")
 
-    assert result["msg"].startswith(f"GET {down}/list_workers: ")
+    assert result["msg"].startswith(f"GET {down}/workers: ")
     assert "refused" in result["msg"].lower()
-    # What was done before is reported: the first router no longer lists it.
-    assert result["routers"] == [{"router": up.url, "listed_before": True, "listed_after": False}]
-    assert DECODE not in up.workers
+    # Every router's pool is read before the first removal: the one that answers still has it.
+    assert result["routers"] == []
+    assert DECODE in up.workers and up.calls("POST", "/remove_worker") == []
 
 
 def test_router_that_is_down_fails_in_state_present_too():
@@ -278,8 +280,42 @@ def test_http_error_is_reported_with_status(routers):
     router = routers()
     router.handle = lambda method, path: (500, "text/plain", "internal error")
     result = run({"routers": [router.url], "url": DECODE}, expect="fail")
-    assert result["msg"].startswith(f"GET {router.url}/list_workers: HTTP 500")
+    assert result["msg"].startswith(f"GET {router.url}/workers: HTTP 500")
     assert "internal error" in result["msg"]
+
+
+# --------------------------------------------------------------------------- never an empty pool (issue #24)
+
+
+def test_absent_refuses_to_take_out_the_last_healthy_instance_of_its_pool_before_any_change(routers):
+    """The other decode instance is down (or being rolled at the same time): the rollout used to take this one out
+    too, and every request failed until one was back."""
+    first = routers(POOL)
+    second = routers(POOL, healthy=[PREFILL, DECODE])
+    result = run({"routers": [first.url, second.url], "url": DECODE}, expect="fail")
+
+    assert result["msg"].startswith(f"Taking {DECODE} out would leave a router without a healthy worker of its kind: "
+                                    f"{second.url} counts no other healthy decode worker (its other decode workers: "
+                                    f"{OTHER_DECODE} (unhealthy))")
+    assert first.url not in result["msg"]  # that router still has a healthy decode besides it
+    assert "Nothing was changed" in result["msg"] and "vllm_rollout_allow_downtime=true" in result["msg"]
+    assert first.calls("POST", "/remove_worker") == [] and second.calls("POST", "/remove_worker") == []
+
+
+@pytest.mark.parametrize("url, kind", [(DECODE, "decode"), (PREFILL, "prefill")])
+def test_absent_refuses_an_instance_alone_in_its_pool_even_in_check_mode(routers, url, kind):
+    router = routers()  # one prefill, one decode: the other kind's health does not count
+    for check_mode in (False, True):
+        result = run({"routers": [router.url], "url": url}, expect="fail", check_mode=check_mode)
+        assert f"counts no other healthy {kind} worker (its other {kind} workers: none)" in result["msg"]
+    assert router.calls("POST", "/remove_worker") == [] and url in router.workers
+
+
+def test_absent_empties_the_pool_when_allowed(routers):
+    router = routers(POOL, healthy=[PREFILL, DECODE])
+    result = run({"routers": [router.url], "url": DECODE, "allow_empty_pool": True})
+    assert result["changed"] is True and list(router.workers) == [PREFILL, OTHER_DECODE]
+    assert router.calls("GET", "/workers") == []  # not even read
 
 
 # --------------------------------------------------------------------------- state=present
