@@ -30,6 +30,16 @@ SLOW_SECS = float(os.environ.get("SLOW_SECS", "5"))
 ID = "cmpl-___prefill_addr_10.89.250.11:8100___decode_addr_10.89.250.12:8200_5f0c2a9e8d7b4c1aa3e6f9b2d4c8e7a1"
 
 
+def readiness():
+    """What GET /readiness answers (the readiness_mode file beside the mode file): ok (every worker healthy),
+    degraded (one decode of two), none (no healthy decode: 503) or garbage (200 that is not JSON)."""
+    try:
+        with open(os.path.join(os.path.dirname(MODE_FILE), "readiness_mode")) as f:
+            return f.read().strip() or "ok"
+    except FileNotFoundError:
+        return "ok"
+
+
 def mode():
     try:
         with open(MODE_FILE) as f:
@@ -66,6 +76,17 @@ class H(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/v1/models" and mode() == "router_text":
             self._text(503, "No available workers: 1 prefill (http://10.89.250.11:8100), 0 decode")
+        elif self.path == "/readiness":
+            # vllm-router 0.1.17's /readiness (measured): 200 while a prefill and a decode worker are healthy.
+            state = readiness()
+            if state == "garbage":
+                self._text(200, "not json")
+            elif state == "none":
+                self._json(503, {"status": "not_ready", "reason": "no healthy decode workers",
+                                 "prefill": {"healthy": 1, "total": 1}, "decode": {"healthy": 0, "total": 2}})
+            else:
+                self._json(200, {"status": "ready", "prefill": {"healthy": 1, "total": 1},
+                                 "decode": {"healthy": 1 if state == "degraded" else 2, "total": 2}})
         elif self.path == "/health":
             m = mode()
             if m in ("ok", "slow", "stream_die", "400", "401", "404", "429"):

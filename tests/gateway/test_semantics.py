@@ -518,6 +518,28 @@ def main():
     s, h, b, _unused = post(chat())
     check("the same address with a valid key is still served (valid keys are not counted)", s == 200, str(s))
 
+    # 18. /health for load balancers follows vllm-router's /readiness (issue #24): 200 while a prefill and a
+    # decode instance are healthy, "degraded" when some instance is out, 503 when no pair is or no replica answers;
+    # the body names nothing, and the client's key is not needed.
+    def health():
+        try:
+            with urllib.request.urlopen(FRONT + "/health", timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    for state, want in (("ok", (200, b"ok\n")), ("degraded", (200, b"degraded\n")),
+                        ("none", (503, b"unavailable\n")), ("garbage", (503, b"unavailable\n"))):
+        mode("readiness", state)
+        got = health()
+        check(f"/health with /readiness {state}: {want[0]} {want[1]!r}", got == want, str(got))
+    mode("readiness", "degraded")
+    stop_local()
+    got = health()
+    check("/health with no router replica answering: 503 unavailable", got == (503, b"unavailable\n"), str(got))
+    start_local()
+    mode("readiness", "ok")
+
     reset()
     passed = sum(1 for _unused, ok in RESULTS if ok)
     print(f"{passed} passed, {len(RESULTS) - passed} failed")

@@ -206,13 +206,23 @@ def test_without_fallbacks_the_front_is_as_before(runs):
     for route in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize"):
         loc = _location(site, f"= {route}")
         assert "js_header_filter inferops.localHeaders;" in loc and "js_body_filter inferops.localBody" in loc
-    assert "js_" not in _location(site, "= /health")
+    # /health follows vllm-router's /readiness (issue #24): njs answers ok / degraded / unavailable from it, read
+    # through an internal location; the gateway tests (tests/gateway) check the answers on real nginx.
+    assert "js_content inferops.health;" in _location(site, "= /health")
+    readiness = _location(site, "= /_inferops_vllm_readiness")
+    assert "internal;" in readiness and "proxy_pass http://inferops_vllm_router/readiness;" in readiness
+    assert "proxy_pass_request_headers off;" in readiness and "error_page" not in readiness
     # vllm_router_front_cache_salt_per_key (default false): bodies pass as the client sent them.
     assert "proxy_set_body" not in site and "saltedBody" not in site
     run, shown = runs["none_shown"]
     _ok(run)
     site = (shown / "inferops-vllm.conf").read_text()
     assert "js_" not in site
+    # Without njs, /health passes /readiness' status (and its counts: internals are not hidden) and a fixed 503.
+    health = _location(site, "= /health")
+    assert "proxy_pass http://inferops_vllm_router/readiness;" in health
+    assert "error_page 500 502 503 504 =503 @inferops_vllm_unhealthy;" in health
+    assert "/_inferops_vllm_readiness" not in site
     assert "client_body_buffer_size 1m;" in site
     assert "proxy_read_timeout 1800s;" in (out / "inferops-vllm-proxy.conf").read_text()
     assert json.loads((out / "published.json").read_text())["fallback_metrics_url"] == ""

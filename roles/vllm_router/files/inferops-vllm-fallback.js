@@ -387,5 +387,30 @@ function saltedBody(r) {
     return JSON.stringify(req);
 }
 
+// The front's /health for load balancers (issue #24): vllm-router's own /health turns 503 as soon as any one
+// instance is unhealthy, which took a working front out of a load balancer. Its /readiness (read through the
+// replicas) answers 200 while it counts at least one healthy prefill and one healthy decode instance, 503 with
+// none. This answers 200 "ok" when every instance is healthy, 200 "degraded" when some are not but a pair is,
+// and 503 "unavailable" when no pair is or no replica answers. The body names nothing.
+async function health(r) {
+    let ready = false;
+    let whole = false;
+    try {
+        const reply = await r.subrequest('/_inferops_vllm_readiness');
+        if (reply.status === 200) {
+            const text = reply.responseText !== undefined ? reply.responseText : reply.responseBody;
+            const state = JSON.parse(text || '{}');
+            const count = (pool, key) => (state[pool] && typeof state[pool][key] === 'number') ? state[pool][key] : 0;
+            ready = count('prefill', 'healthy') > 0 && count('decode', 'healthy') > 0;
+            whole = ready && count('prefill', 'healthy') >= count('prefill', 'total')
+                && count('decode', 'healthy') >= count('decode', 'total');
+        }
+    } catch (e) {
+        r.error('inferops front health: /readiness of vllm-router was not its JSON: ' + e.message);
+    }
+    r.headersOut['Content-Type'] = 'text/plain';
+    r.return(ready ? 200 : 503, ready ? (whole ? 'ok\n' : 'degraded\n') : 'unavailable\n');
+}
+
 export default {fallbackBody, tooBig, unmapped, overBudget, headers, body, localHeaders, localBody, metrics,
-    saltedBody};
+    saltedBody, health};
