@@ -54,6 +54,21 @@ def front_ca() -> str | None:
     return path if os.path.isfile(path) else None
 
 
+def front_health(front_url: str) -> tuple[int, str]:
+    """(status, body) of the front's key-less /health: 200 "ok" / "degraded" or 503 "unavailable" (issue #24)."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    ca = front_ca()
+    context = ssl.create_default_context(cafile=ca) if ca else None
+    try:
+        with urllib.request.urlopen(f"{front_url}/health", timeout=10, context=context) as resp:
+            return resp.status, resp.read().decode(errors="replace").strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace").strip()
+
+
 def secret(name: str) -> str:
     """A sandbox key, as the inventory's password lookups made it (scripts/sandbox/lib.sh)."""
     with open(os.path.join(os.environ["INFEROPS_SECRETS_DIR"], name)) as f:

@@ -39,6 +39,7 @@ from conftest import (
     container_ip,
     deploy_playbook,
     front_ca,
+    front_health,
     journal_tail,
     secret,
 )
@@ -289,7 +290,7 @@ def test_a_pool_of_one_instance_is_refused_without_allow_downtime(inventory, pre
     assert unit_start(prefill_host, "vllm@prefill-0") == before
 
 
-def test_a_killed_decode_instance_comes_back_into_rotation(load, decode_host, router_host):
+def test_a_killed_decode_instance_comes_back_into_rotation(load, decode_host, router_host, front_url):
     interval, threshold, timeout = health_settings(router_host)
     pid_before, _since = unit_start(decode_host, "vllm@decode-0")
     # Requests in flight on decode-0 when it dies started a little before the kill.
@@ -300,7 +301,10 @@ def test_a_killed_decode_instance_comes_back_into_rotation(load, decode_host, ro
     # for both routers to count it healthy again.
     decode_0 = f"http://{container_ip(DECODE)}:8200"
     deadline = time.monotonic() + 600
+    # The front's /health meanwhile (issue #24): decode-2 still serves, so a load balancer must keep the front.
+    answers = []
     while True:
+        answers.append(front_health(front_url))
         pid, _since = unit_start(decode_host, "vllm@decode-0")
         healthy = pid not in ("0", pid_before) and decode_host.run(HEALTH_8200).rc == 0
         states = [{w["url"]: w["is_healthy"] for w in r["workers"]}.get(decode_0) for r in router_workers(router_host)]
@@ -309,6 +313,10 @@ def test_a_killed_decode_instance_comes_back_into_rotation(load, decode_host, ro
         assert time.monotonic() < deadline, f"decode-0 not back in rotation after 600 s: pid {pid}, routers {states}"
         time.sleep(2)
     recovered_at = time.perf_counter()
+    print(f"front /health while decode-0 was out: {sorted(set(answers))} ({len(answers)} probes)")
+    assert (200, "degraded") in answers, answers
+    assert {status for status, _body in answers} == {200}, answers
+    assert front_health(front_url) == (200, "ok")
     time.sleep(15)  # requests right after its return count too
     print(f"kill -9 of decode-0: back in rotation after {recovered_at - killed_at:.0f} s")
     # Bounded: at most what was in flight on decode-0 when it died plus what the routers sent it before

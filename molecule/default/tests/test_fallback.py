@@ -37,6 +37,7 @@ from conftest import (
     container_ip,
     deploy_playbook,
     front_ca,
+    front_health,
     metric_samples,
     secret,
 )
@@ -212,6 +213,9 @@ def test_with_decode_stopped_the_same_calls_succeed_from_the_cloud(cloud, front_
     key = secret("client_api_key")
     for unit in decode_units():
         assert _podman_exec(DECODE, f"systemctl is-active {unit} || true").strip() != "active", unit
+    # No decode instance left: the front's /health tells load balancers (503), while the fallback still answers.
+    _wait("the front's /health to say unavailable", lambda: front_health(front_url) == (503, "unavailable"),
+          timeout=30, every=2)
     before_cloud, before_front = cloud_requests(), fallback_counts()
     status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), key)
     assert status == 200, body[:1000]
@@ -294,3 +298,5 @@ def test_back_to_local_when_decode_returns(cloud, front_url):
     # From then on, nothing reaches the cloud and nothing is counted as a fallback.
     assert fallback_counts() == before_front
     assert cloud_requests() == before_cloud
+    # And the front's /health is back to 200 once both decode instances count healthy again.
+    _wait("the front's /health to say ok", lambda: front_health(front_url) == (200, "ok"), timeout=120, every=2)
