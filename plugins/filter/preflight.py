@@ -1374,7 +1374,7 @@ def router_settings_rules(pub: Mapping[str, Any], max_model_len: int | None = No
     if stop is None or stop < 1:
         rules.append(("vllm_router_stop_timeout", f"is {_show(pub.get('stop_timeout'))}, not a whole number of "
                       "seconds of 1 or more.",
-                      "set how long a stopping replica may finish its requests (default 120)."))
+                      "set how long a stopping replica may finish its requests (default: the request timeout)."))
     limits = pub.get("front_limits") if isinstance(pub.get("front_limits"), Mapping) else {}
     bad = sorted((f"vllm_router_front_{key}", value) for key, value in limits.items() if _whole(value) is None)
     if len(bad) == 1:
@@ -1562,6 +1562,16 @@ def _check_router_settings(rep: _Report, inv: _Inventory) -> None:
     for host, pub in inv.router_pub.items():
         for variable, what, fix in router_settings_rules(pub, longest, label):
             rep.add("router", host, variable, what, fix)
+        # A warning: vllm-router finishes its running streams on SIGTERM, for the unit's TimeoutStopSec at most, and
+        # every rolling restart restarts the replicas (issue #24). Shorter is a choice (faster rolls), not an error.
+        stop, request = _to_int(pub.get("stop_timeout")), _to_int(pub.get("request_timeout"))
+        if stop is not None and stop >= 1 and request is not None and stop < request:
+            rep.warn("router", host, "vllm_router_stop_timeout",
+                     f"is {stop} s, shorter than vllm_router_request_timeout_secs ({request} s): each router replica "
+                     "restart (every rolling restart's put-back, a new vllm-router) cuts the streams it runs that "
+                     f"last longer than {stop} s.",
+                     "remove it (its default is the request timeout: a restart waits only for the longest running "
+                     "request), or accept the cut streams.")
 
 
 def _check_monitoring(rep: _Report, inv: _Inventory, published_by_host: Mapping[str, Any],

@@ -40,7 +40,7 @@ def driver(**kw: Any) -> dict[str, Any]:
 def router_settings(**kw: Any) -> dict[str, Any]:
     """roles/vllm_router/tasks/publish.yml's record with the role's defaults, the front on loopback."""
     base = router(source="index", version="0.1.17", wheelhouse_dir="", keep_previous=1, venv="/opt/vllm-router/venv",
-                  stop_timeout=120, front_limits={"rate_limit": 20, "rate_burst": 40, "concurrency_limit": 64,
+                  stop_timeout=1800, request_timeout=1800, front_limits={"rate_limit": 20, "rate_burst": 40, "concurrency_limit": 64,
                                                   "failed_key_rate": 60, "failed_key_burst": 20},
                   max_body_size="64m", extra_routes=[], front_bind="127.0.0.1", front_public=False, tls=False,
                   front_allow_plaintext=False, log_level="info", extra_args_log_flags=False, tls_certificate_file="",
@@ -395,3 +395,33 @@ def test_types_run_the_role_argument_specs_on_what_the_inventory_sets():
                                "unable to convert to int"), found
     # vllm_router_log_level: debug is the `router` rule's line only (its spec's choices would say it again).
     assert not any("[types] r1: vllm_router_log_level" in line for line in found)
+
+
+# --------------------------------------------------------------------------- the router's stop timeout (issue #24)
+
+
+def test_a_router_stop_shorter_than_the_request_timeout_is_a_warning_not_a_problem():
+    """vllm-router finishes its running streams on SIGTERM, within the unit's TimeoutStopSec: 120 s (the old default)
+    cut every longer stream at each replica restart of a rolling restart."""
+    data, groups = published(routers={"r1": router_settings(stop_timeout=120)})
+    assert pf.pd_preflight(data, groups) == []
+    warnings = pf.pd_preflight_warnings(data, groups, {})
+    assert warnings == [
+        "[router] r1: vllm_router_stop_timeout: is 120 s, shorter than vllm_router_request_timeout_secs (1800 s): each "
+        "router replica restart (every rolling restart's put-back, a new vllm-router) cuts the streams it runs that "
+        "last longer than 120 s. Fix: remove it (its default is the request timeout: a restart waits only for the "
+        "longest running request), or accept the cut streams."
+    ], warnings
+
+
+@pytest.mark.parametrize("record", [router_settings(), router_settings(stop_timeout=3600),
+                                    {k: v for k, v in router_settings(stop_timeout=120).items()
+                                     if k != "request_timeout"}])
+def test_no_warning_when_the_stop_covers_the_request_timeout_or_it_is_not_known(record):
+    data, groups = published(routers={"r1": record})
+    assert [w for w in pf.pd_preflight_warnings(data, groups, {}) if "stop_timeout" in w] == []
+
+
+def test_the_roles_default_stop_timeout_is_the_request_timeout():
+    defaults = (REPO / "roles" / "vllm_router" / "defaults" / "main.yml").read_text(encoding="utf-8")
+    assert 'vllm_router_stop_timeout: "{{ vllm_router_request_timeout_secs }}"' in defaults
