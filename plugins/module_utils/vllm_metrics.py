@@ -490,7 +490,7 @@ def evaluate_pd_proof(per_request, roles):
     }
 
 
-def judge_kv_throughput(nixl_bytes, nixl_seconds, transport=None, bound_mib_s=0):
+def judge_kv_throughput(nixl_bytes, nixl_seconds, transport=None, bound_mib_s=0, per_request=None):
     """How fast NIXL moved the proof's KV, judged against the bound of the deployment's KV transport.
 
     ``nixl_bytes`` / ``nixl_seconds``: the growth of ``vllm:nixl_bytes_transferred_sum`` and
@@ -498,8 +498,14 @@ def judge_kv_throughput(nixl_bytes, nixl_seconds, transport=None, bound_mib_s=0)
     not the requests' time). ``transport``: ``rdma`` or ``tcp`` as the deployment declared it (None when not
     known). ``bound_mib_s``: the least MiB/s expected over that transport; 0 or None judges nothing.
 
+    ``per_request``: the proof requests' figures (:func:`evaluate_proof_request`'s ``request``,
+    ``nixl_bytes_transferred``, ``nixl_xfer_time_seconds``), each judged on its own too: one request whose KV
+    crawled (a decode that kept a stale agent for a restarted prefill, vLLM issue 49238) is named even when the
+    others pull the total above the bound.
+
     Returns ``kv_transport``, ``nixl_throughput_mib_s`` (None without bytes or time), ``throughput_bound_mib_s``
-    (None without a bound), ``throughput_ok`` (None when nothing was judged) and ``problems``.
+    (None without a bound), ``throughput_ok`` (None when nothing was judged), ``slow_requests`` (the numbers of
+    the requests below the bound) and ``problems``.
     """
     nixl_bytes = nixl_bytes or 0
     nixl_seconds = nixl_seconds or 0.0
@@ -508,11 +514,21 @@ def judge_kv_throughput(nixl_bytes, nixl_seconds, transport=None, bound_mib_s=0)
         throughput = round(nixl_bytes / 1048576 / nixl_seconds, 3)
     bound = float(bound_mib_s) if bound_mib_s else None
     result = {"kv_transport": transport, "nixl_throughput_mib_s": throughput, "throughput_bound_mib_s": bound,
-              "throughput_ok": None, "problems": []}
+              "throughput_ok": None, "slow_requests": [], "problems": []}
     if bound is None or throughput is None:
         return result
-    result["throughput_ok"] = throughput >= bound
-    if not result["throughput_ok"]:
+    slow = []
+    for item in per_request or []:
+        moved, took = item.get("nixl_bytes_transferred") or 0, item.get("nixl_xfer_time_seconds") or 0.0
+        if moved > 0 and took > 0 and moved / 1048576 / took < bound:
+            slow.append(f"request {item.get('request')} at {moved / 1048576 / took:.3g} MiB/s ({moved} bytes in "
+                        f"{took * 1000:.1f} ms)")
+            result["slow_requests"].append(item.get("request"))
+    result["throughput_ok"] = throughput >= bound and not slow
+    if slow:
+        result["problems"].append(f"NIXL moved these proof requests' KV below the {bound:g} MiB/s expected: "
+                                  + "; ".join(slow))
+    if throughput < bound:
         over = f"over {transport}" if transport else "over the KV transport"
         why = (": that is the speed of TCP, the sign of UCX falling back from RDMA (docs/fabric.md: ucx_info -d, "
                "UCX_PROTO_INFO=y in the instance's environment shows the transport each transfer took)"

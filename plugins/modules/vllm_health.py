@@ -486,10 +486,18 @@ proof:
       sample: 1.0
     throughput_ok:
       description: >-
-        Whether RV(proof.nixl_throughput_mib_s) reached the bound; V(null) without a bound or without transfers (a
-        failure of a slower proof is in RV(problems)).
+        Whether RV(proof.nixl_throughput_mib_s) reached the bound, and every proof request's own throughput too;
+        V(null) without a bound or without transfers (a failure of a slower proof is in RV(problems)).
       type: bool
       sample: true
+    slow_requests:
+      description: >-
+        The numbers of the proof requests whose own KV moved below the bound (named in RV(problems)): one request
+        whose KV crawled, as after a prefill restart whose peer kept a stale agent, fails the proof even when the
+        others are fast.
+      type: list
+      elements: int
+      sample: []
     per_request:
       description: >-
         The figures of each served proof request, from the metrics read right before it and after its answer,
@@ -1032,7 +1040,8 @@ class VllmHealth:
         )
         proof["handoff_proven"] = proof["handoff_proven"] and failed == 0
         speed = judge_kv_throughput(proof["nixl_bytes_transferred"], proof["nixl_xfer_time_seconds"],
-                                    self.params["kv_transport"], self.params["min_kv_throughput_mib_s"])
+                                    self.params["kv_transport"], self.params["min_kv_throughput_mib_s"],
+                                    proof.get("per_request"))
         for msg in speed.pop("problems"):
             self.problem(f"PD proof: {msg}")
         proof.update(speed)

@@ -40,8 +40,9 @@ def driver(**kw: Any) -> dict[str, Any]:
 def router_settings(**kw: Any) -> dict[str, Any]:
     """roles/vllm_router/tasks/publish.yml's record with the role's defaults, the front on loopback."""
     base = router(source="index", version="0.1.17", wheelhouse_dir="", keep_previous=1, venv="/opt/vllm-router/venv",
-                  stop_timeout=1800, request_timeout=1800, front_limits={"rate_limit": 20, "rate_burst": 40, "concurrency_limit": 64,
-                                                  "failed_key_rate": 60, "failed_key_burst": 20},
+                  stop_timeout=1800, request_timeout=1800,
+                  front_limits={"rate_limit": 20, "rate_burst": 40, "concurrency_limit": 64, "failed_key_rate": 60,
+                                "failed_key_burst": 20},
                   max_body_size="64m", extra_routes=[], front_bind="127.0.0.1", front_public=False, tls=False,
                   front_allow_plaintext=False, log_level="info", extra_args_log_flags=False, tls_certificate_file="",
                   tls_key_file="", worker_api_key_valid=True, stub_status_port=8090)

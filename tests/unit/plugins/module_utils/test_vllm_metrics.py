@@ -634,7 +634,7 @@ def test_redact_data_walks_nested_results():
 def test_kv_throughput_is_bytes_over_nixl_time():
     judged = vm.judge_kv_throughput(8847360, 0.071, "tcp", 1)
     assert judged == {"kv_transport": "tcp", "nixl_throughput_mib_s": 118.838, "throughput_bound_mib_s": 1.0,
-                      "throughput_ok": True, "problems": []}
+                      "throughput_ok": True, "slow_requests": [], "problems": []}
 
 
 def test_kv_throughput_below_the_rdma_bound_says_tcp_fallback():
@@ -652,3 +652,20 @@ def test_kv_throughput_is_not_judged_without_a_bound_or_without_transfers():
     assert nothing["nixl_throughput_mib_s"] is None and nothing["throughput_ok"] is None and not nothing["problems"]
     slow = vm.judge_kv_throughput(1048576, 2.0, "tcp", 1)
     assert slow["throughput_ok"] is False and "expected over tcp (a crowded CPU" in slow["problems"][0]
+
+
+def test_each_proof_request_is_judged_on_its_own_and_the_slow_one_named():
+    """Issue #24: after a prefill restart a decode's transfers took 20-36 s each while the others took ~30 ms; the
+    proof said PROVEN. One crawling request fails the proof by name, even when the total passes."""
+    fast = {"request": 1, "nixl_bytes_transferred": 983040, "nixl_xfer_time_seconds": 0.02}
+    crawled = {"request": 2, "nixl_bytes_transferred": 983040, "nixl_xfer_time_seconds": 20.5123}
+    judged = vm.judge_kv_throughput(983040 * 2, 20.5323, "tcp", 0.09, [fast, crawled])
+    assert judged["nixl_throughput_mib_s"] >= 0.09  # the total alone would pass
+    assert judged["throughput_ok"] is False and judged["slow_requests"] == [2]
+    assert judged["problems"] == ["NIXL moved these proof requests' KV below the 0.09 MiB/s expected: request 2 at "
+                                  "0.0457 MiB/s (983040 bytes in 20512.3 ms)"]
+    both = vm.judge_kv_throughput(983040 * 2, 0.04, "tcp", 10, [fast, {**fast, "request": 2}])
+    assert both["throughput_ok"] is True and both["slow_requests"] == [] and both["problems"] == []
+    # A request without transfers (none counted) is not judged; without a bound nothing is.
+    assert vm.judge_kv_throughput(983040, 0.02, "tcp", 10, [fast, {"request": 2}])["slow_requests"] == []
+    assert vm.judge_kv_throughput(983040, 20.0, "tcp", 0, [crawled])["slow_requests"] == []
