@@ -194,7 +194,7 @@ def _refilled(front_url: str, key: str, deadline: float) -> bool:
     """True once `burst`'s worth of the key's bucket is back: a short burst of 5 passes whole."""
     while time.monotonic() < deadline:
         time.sleep(1.0)
-        if all(status_of(f"{front_url}/v1/models", bearer(key)) == 200 for _ in range(5)):
+        if all(status_of(f"{front_url}/v1/models", bearer(key)) == 200 for _attempt in range(5)):
             return True
     return False
 
