@@ -263,6 +263,10 @@ ROLE_PREFLIGHT = """\
       ansible.builtin.include_role:
         name: inferops.vllm.vllm_instance
         tasks_from: preflight
+    - name: And its check of the host's address (deploy_pd.yml runs both before any change)
+      ansible.builtin.include_role:
+        name: inferops.vllm.vllm_instance
+        tasks_from: host_address
 """
 ROLE_RUNS = {
     # A key that breaks the EnvironmentFile: refused by the no_log key check, before the launcher check.
