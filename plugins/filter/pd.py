@@ -185,9 +185,8 @@ def rollout_batch_problems(plan, pools, hosts, serial):
                     f"vllm_rollout_serial {serial!r} rolls the hosts {', '.join(out)} side by side, and they hold "
                     f"every instance of the {role} pool ({', '.join(names)}): each takes one out of the routers at "
                     f"the same time, the pool would be empty and every request would fail. Nothing was changed. Use a "
-                    f"smaller "
-                    f"vllm_rollout_serial (at most {size - 1} of the pool's {size} hosts at a time), or accept the "
-                    "interruption with -e vllm_rollout_allow_downtime=true."
+                    f"smaller vllm_rollout_serial (at most {size - 1} of the pool's {size} hosts at a time), or accept "
+                    "the interruption with -e vllm_rollout_allow_downtime=true."
                 )
     return problems
 

@@ -1834,15 +1834,15 @@ def host_address_problems(address: Any, host: str, host_addresses: Any) -> list[
     wanted = _address(address)
     if not own:
         return []
+    shown = _names(sorted({str(a) for a in own}))
     if wanted is None:
         rep.add("network", host, "vllm_instance_host_address",
                 f"is {_show(address)}, not an IP address: peers and the router reach the instances at it.",
-                f"set it to one of the host's addresses ({_names(sorted({str(a) for a in own}))}), or remove it to "
-                "use the default route's address.")
+                f"set it to one of the host's addresses ({shown}), or remove it to use the default route's address.")
     elif not (wanted.is_loopback or wanted.is_unspecified) and wanted not in own:
         rep.add("network", host, "vllm_instance_host_address",
                 f"is {_show(address)}, which is not an address of this host (its addresses: "
-                f"{_names(sorted({str(a) for a in own}))}): each instance's NIXL side channel binds to it and the "
+                f"{shown}): each instance's NIXL side channel binds to it and the "
                 "router and the peers reach the instances there, so the instances would fail at start, after the "
                 "hosts were changed.",
                 "set it to this host's address on the KV network, or remove it to use the default route's address.")

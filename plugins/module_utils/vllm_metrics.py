@@ -507,11 +507,13 @@ def judge_kv_throughput(nixl_bytes, nixl_seconds, transport=None, bound_mib_s=0,
     (None without a bound), ``throughput_ok`` (None when nothing was judged), ``slow_requests`` (the numbers of
     the requests below the bound) and ``problems``.
     """
+    def mib_s(moved, took):
+        return moved / 1048576 / took if (moved or 0) > 0 and (took or 0) > 0 else None
+
     nixl_bytes = nixl_bytes or 0
     nixl_seconds = nixl_seconds or 0.0
-    throughput = None
-    if nixl_bytes > 0 and nixl_seconds > 0:
-        throughput = round(nixl_bytes / 1048576 / nixl_seconds, 3)
+    throughput = mib_s(nixl_bytes, nixl_seconds)
+    throughput = round(throughput, 3) if throughput is not None else None
     bound = float(bound_mib_s) if bound_mib_s else None
     result = {"kv_transport": transport, "nixl_throughput_mib_s": throughput, "throughput_bound_mib_s": bound,
               "throughput_ok": None, "slow_requests": [], "problems": []}
@@ -519,10 +521,10 @@ def judge_kv_throughput(nixl_bytes, nixl_seconds, transport=None, bound_mib_s=0,
         return result
     slow = []
     for item in per_request or []:
-        moved, took = item.get("nixl_bytes_transferred") or 0, item.get("nixl_xfer_time_seconds") or 0.0
-        if moved > 0 and took > 0 and moved / 1048576 / took < bound:
-            slow.append(f"request {item.get('request')} at {moved / 1048576 / took:.3g} MiB/s ({moved} bytes in "
-                        f"{took * 1000:.1f} ms)")
+        moved, took = item.get("nixl_bytes_transferred"), item.get("nixl_xfer_time_seconds")
+        own = mib_s(moved, took)
+        if own is not None and own < bound:
+            slow.append(f"request {item.get('request')} at {own:.3g} MiB/s ({moved} bytes in {took * 1000:.1f} ms)")
             result["slow_requests"].append(item.get("request"))
     result["throughput_ok"] = throughput >= bound and not slow
     if slow:

@@ -161,12 +161,12 @@ def workers(router):
     return [w for w in found if isinstance(w, dict)]
 
 
-def healthy(router, url):
-    return any(str(w.get("url", "")).rstrip("/") == url and w.get("is_healthy") is True for w in workers(router))
-
-
 def _url(worker):
     return str(worker.get("url", "")).rstrip("/")
+
+
+def healthy(router, url):
+    return any(_url(w) == url and w.get("is_healthy") is True for w in workers(router))
 
 
 def pool_problems(routers, url):
@@ -205,11 +205,11 @@ def retire(module, routers):
     leaving = {}
     for router, found in known.items():
         for w in found:
-            url = str(w.get("url", "")).rstrip("/")
+            url = _url(w)
             if url and url not in keep:
                 entry = leaving.setdefault(url, dict(url=url, worker_type=w.get("worker_type"), routers=[]))
                 entry["routers"].append(router)
-        left = [w for w in found if str(w.get("url", "")).rstrip("/") in keep]
+        left = [w for w in found if _url(w) in keep]
         roles_before = {w.get("worker_type") for w in found}
         roles_after = {w.get("worker_type") for w in left}
         empty = [role for role in ("prefill", "decode") if role in roles_before and role not in roles_after]
