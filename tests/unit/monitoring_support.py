@@ -358,3 +358,18 @@ def role_task(tasks_file: str, name: str, **changes: Any) -> dict[str, Any]:
         args["src"] = str(ROLE / "templates" / args["src"])
     task[module] = args
     return task
+
+
+def config_files_task(tasks_file: str, name: str, path: str) -> dict[str, Any]:
+    """The inferops.vllm.config_files task called ``name`` of roles/vllm_monitoring/tasks/<tasks_file>, writing only
+    its rendered templates, each to ``path`` (a Jinja expression of the entry ``f``), with no owner or group, its
+    templates read from the role (the test's play is not in the role), without its notify and when."""
+    tasks = yaml.safe_load((ROLE / "tasks" / tasks_file).read_text(encoding="utf-8"))
+    (task,) = [t for t in tasks if t.get("name") == name]
+    rehomed = (
+        "{%- set ns = namespace(out=[]) -%}{%- for f in __files if f.template is defined -%}"
+        "{%- set ns.out = ns.out + [f | combine({'owner': None, 'group': None, 'path': " + path + ","
+        " 'template': '" + str(ROLE / "templates") + "/' ~ f.template})] -%}{%- endfor -%}{{ ns.out }}"
+    )
+    return {"name": name, "vars": {"__files": task["inferops.vllm.config_files"]["files"]},
+            "inferops.vllm.config_files": {"files": rehomed}}

@@ -83,8 +83,19 @@ def _role_task(tasks: list[dict[str, Any]], module: str, key: str, value: str) -
     return task
 
 
-def _template_task(tasks: list[dict[str, Any]], src: str) -> dict[str, Any]:
-    return _role_task(tasks, "ansible.builtin.template", "src", src)
+def _config_files_task(tasks: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """The inferops.vllm.config_files task of tasks/configure.yml called ``name``, writing its files into the
+    test's directory (paths rehomed as _rehome does, no owner or group, no handlers)."""
+    (task,) = [t for t in tasks if t.get("name") == name]
+    files = task["inferops.vllm.config_files"]["files"]
+    rehomed = (
+        "{%- set ns = namespace(out=[]) -%}{%- for f in __files -%}"
+        "{%- set ns.out = ns.out + [f | combine({'owner': None, 'group': None, 'path': out ~ '/' ~ inventory_hostname"
+        " ~ '/' ~ (f.path | regex_replace('^/etc/systemd/system/', ''))})"
+        f" | combine({{'template': '{ROLE}/templates/' ~ f.template}} if f.template is defined else {{}})] -%}}"
+        "{%- endfor -%}{{ ns.out }}"
+    )
+    return {"name": name, "vars": {"__files": files}, "inferops.vllm.config_files": {"files": rehomed}}
 
 
 def playbook() -> list[dict[str, Any]]:
@@ -104,8 +115,7 @@ def playbook() -> list[dict[str, Any]]:
                 "path": "{{ out }}/{{ inventory_hostname }}", "state": "directory", "mode": "0700"}},
             place,
             _role_task(tasks, "ansible.builtin.copy", "dest", "{{ vllm_instance_config_dir }}/{{ item.name }}.toml"),
-            _role_task(tasks, "ansible.builtin.file", "path", "/etc/systemd/system/vllm@{{ item.name }}.service.d"),
-            _template_task(tasks, "instance-stop.conf.j2"),
+            _config_files_task(tasks, "Give each instance's unit its stop timeout (drain + the launcher's cleanup)"),
             # What the preflight renders the TOML from (as the role's preflight passes it).
             {"name": "What the host published", "ansible.builtin.copy": {
                 "dest": "{{ out }}/{{ inventory_hostname }}/published.json", "mode": "0600",

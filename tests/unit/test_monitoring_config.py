@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from monitoring_support import ANSIBLE_PLAYBOOK, REPO, ROLE, promtool, role_task, run_playbook
+from monitoring_support import ANSIBLE_PLAYBOOK, REPO, ROLE, config_files_task, promtool, role_task, run_playbook
 
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")
 
@@ -166,24 +166,12 @@ def plays(out: Path, nft: bool) -> list[dict[str, Any]]:
                         "public": True,
                     },
                 },
-                {
-                    **role_task(
-                        "install.yml",
-                        "Write the arguments of the monitoring services",
-                        dest=host_dir + "/{{ item }}.env",
-                        owner=None,
-                        group=None,
-                    )
-                },
-                {
-                    **role_task(
-                        "install.yml",
-                        "Point the distribution's units at these arguments, and harden them (drop-ins)",
-                        dest=host_dir + "/{{ item }}.conf",
-                        owner=None,
-                        group=None,
-                    )
-                },
+                config_files_task(
+                    "install.yml",
+                    "Write the arguments of the monitoring services, and point the distribution's units at them"
+                    " (hardened drop-ins)",
+                    f"'{out}/' ~ inventory_hostname ~ '/' ~ f.key ~ ('.env' if f.path.endswith('.env') else '.conf')",
+                ),
                 {
                     **role_task(
                         "configure.yml", "Write the alert rules", dest=host_dir + "/rules.yml", owner=None, group=None

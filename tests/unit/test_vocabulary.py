@@ -158,13 +158,17 @@ def test_the_role_installs_the_schema_and_the_vocabulary_beside_the_launcher():
     tasks = flat(yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8")))
     (task,) = [t for t in tasks
                if t["name"] == "Install the launcher, its schema and vocabulary, and the instance key middleware"]
-    sources = [item["src"] for item in task["loop"]]
-    assert sources[0] == LAUNCHER.name
+    assert "_vllm_instance_launcher_files" in task["inferops.vllm.config_files"]["files"]
+    entries = yaml.safe_load((ROLE / "vars" / "main.yml").read_text(encoding="utf-8"))["_vllm_instance_launcher_files"]
+    sources = [entry["src"] for entry in entries]
+    assert sources[0] == LAUNCHER.name and entries[0]["path"] == "{{ _vllm_instance_launcher }}"
     # The launcher's --middleware module, on vLLM's PYTHONPATH as the launcher's own directory (issue #25).
     assert sources[3] == "inferops_vllm_auth.py" and (LAUNCHER.parent / sources[3]).is_file()
     modules = [Path(source.replace("{{ role_path }}", str(ROLE))).resolve() for source in sources[1:3]]
     assert modules == [Path(pf.schema.__file__).resolve(), Path(vocab.__file__).resolve()]
-    assert task["ansible.builtin.copy"]["dest"] == "{{ _vllm_instance_launcher | dirname }}/{{ item.src | basename }}"
+    # Each goes beside the launcher, under its own name (the launcher imports them by name).
+    for entry in entries[1:]:
+        assert entry["path"] == "{{ _vllm_instance_launcher | dirname }}/" + Path(entry["src"]).name
 
 
 @pytest.mark.skipif(shutil.which("ansible-galaxy") is None, reason="ansible-galaxy is not installed")
