@@ -429,6 +429,8 @@ def test_without_monitoring_nothing_changes_for_the_firewall_and_the_front(tmp_p
     out.mkdir()
     inv = inventory([])
     del inv["monitoring"]
+    # p1 had vllm_monitoring's node exporter when the group had hosts (what the role's stat finds); d1 never had it.
+    inv["prefill"]["hosts"]["p1"]["__vllm_firewall_left_exporter"] = {"stat": {"exists": True}}
     run = run_playbook(tmp_path, "plain", plays(out, _nft_usable())[:4], inv)
     assert run.returncode == 0, run.stdout + run.stderr
     site = (out / "r1" / "nginx-site.conf").read_text()
@@ -436,6 +438,12 @@ def test_without_monitoring_nothing_changes_for_the_firewall_and_the_front(tmp_p
     rules = (out / "d1" / "firewall.nft").read_text()
     assert "@monitoring" not in rules and "9100" not in rules
     assert "tcp dport { 5700, 5701, 8200, 8201 } reject with tcp reset" in rules
+    # The exporter left on p1 keeps its port closed to all but loopback (issue #24: it was open to every address).
+    rules = (out / "p1" / "firewall.nft").read_text()
+    assert "@monitoring" not in rules
+    assert "tcp dport { 5600, 8100, 9100 } reject with tcp reset" in rules
+    said = " ".join(run.stdout.split())
+    assert "node exporter port 9100 to the monitoring hosts (none) and loopback" in said
 
 
 # The preflight cases: each refused with its own message. The instances are published as vllm_instance's
