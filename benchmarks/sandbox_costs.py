@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Measure what the local sandbox of scripts/sandbox/up.sh costs, and print the figures.
 
-    python3 benchmarks/sandbox_costs.py                      # idle, noop, latency (the sandbox must be up)
+    python3 benchmarks/sandbox_costs.py                      # idle, noop, deploy, latency (the sandbox must be up)
     python3 benchmarks/sandbox_costs.py --only idle,latency  # some of them
     python3 benchmarks/sandbox_costs.py --only up            # down.sh + up.sh: DESTROYS the sandbox first
     python3 benchmarks/sandbox_costs.py --json costs.json    # also write the figures as JSON
@@ -16,6 +16,8 @@ Figures (run on the Podman host, as the user that ran up.sh):
   noop     wall time of a second `bash scripts/sandbox/up.sh` (nothing to change), whether its
            PLAY RECAP shows changed=0 on every host, and its three most expensive tasks
            (ansible.posix.profile_tasks).
+  deploy   the same for `ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox` alone, the
+           re-run a user makes (issue #26's no-op figure).
   latency  median/min/max of --requests short completions sent straight to the prefill instance
            ("direct", instance key) and through the front on the router ("front", client key:
            nginx, vllm-router, prefill, NIXL, decode), alternating, and their ratio front/direct.
@@ -56,19 +58,21 @@ FRONT_PORT = 8000
 # What roles/vllm_verify/templates/summary.j2 prints when the proof succeeded ("NOT proven" otherwise).
 PROOF_MARKER = "KV handoff PROVEN"
 PROFILE_CALLBACK = "ansible.posix.profile_tasks"
-MEASUREMENTS = ("idle", "noop", "latency", "up")
-DEFAULT_ONLY = "idle,noop,latency"
+MEASUREMENTS = ("idle", "noop", "deploy", "latency", "up")
+DEFAULT_ONLY = "idle,noop,deploy,latency"
 # Run order when several are selected: up first (it rebuilds the sandbox the others measure).
-RUN_ORDER = ("up", "idle", "latency", "noop")
+RUN_ORDER = ("up", "idle", "latency", "noop", "deploy")
 FIGURES = {
     "idle": "idle CPU",
     "noop": "no-op re-run of up.sh",
+    "deploy": "no-op deploy_pd.yml",
     "latency": "front/direct completion latency",
     "up": "up.sh, warm cache, no hosts to PROVEN",
 }
 TARGETS = {
     "idle": "<= 10 % of one core",
     "noop": "<= 60 s",
+    "deploy": "<= 30 s (issue #26)",
     "latency": "<= 1.2x",
     "up": "none (reported)",
 }
@@ -461,6 +465,31 @@ def measure_noop(args) -> list[dict]:
     }]
 
 
+def measure_deploy(args) -> list[dict]:
+    """The main job alone, as a user re-runs it: ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox
+    with nothing to change (up.sh also checks the images, the wheelhouse and the hosts first)."""
+    require_sandbox()
+    log = Path(tempfile.mkdtemp(prefix="inferops-sandbox-costs-")) / "noop-deploy.log"
+    print(f"deploy: ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox, output in {log} ...", flush=True)
+    command = "source scripts/sandbox/env.sh && exec ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox"
+    seconds, rc, output = _run_logged(["bash", "-c", command], log, _up_env())
+    print(f"  wall {seconds:.1f} s, exit status {rc}")
+    recap, playbook_seconds, top = _describe_run(output)
+    changed_hosts = [host for host, c in recap.items() if c.get("changed") != 0]
+    all_unchanged = bool(recap) and not changed_hosts
+    state = ("changed=0 on all hosts" if all_unchanged
+             else f"CHANGED on {', '.join(changed_hosts)}" if recap else "no PLAY RECAP")
+    print(f"  {state}; its most expensive tasks: " + "; ".join(f"{n} {s:.1f} s" for n, s in top))
+    return [{
+        "figure": FIGURES["deploy"],
+        "value": f"{seconds:.1f} s, {state}" + (f", exit {rc}" if rc else ""),
+        "target": TARGETS["deploy"],
+        "details": {"wall_seconds": round(seconds, 2), "exit_status": rc, "playbook_seconds": playbook_seconds,
+                    "changed_zero_on_all_hosts": all_unchanged, "recap": recap,
+                    "top_tasks": [{"task": n, "seconds": s} for n, s in top], "log": str(log)},
+    }]
+
+
 def measure_up(args) -> list[dict]:
     directory = Path(tempfile.mkdtemp(prefix="inferops-sandbox-costs-"))
     env = _up_env()
@@ -484,7 +513,8 @@ def measure_up(args) -> list[dict]:
     }]
 
 
-MEASURE = {"idle": measure_idle, "noop": measure_noop, "latency": measure_latency, "up": measure_up}
+MEASURE = {"idle": measure_idle, "noop": measure_noop, "deploy": measure_deploy, "latency": measure_latency,
+           "up": measure_up}
 
 
 # ---------------------------------------------------------------------------------------------
