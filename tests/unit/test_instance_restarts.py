@@ -35,6 +35,17 @@ def changed(*names: str) -> dict[str, Any]:
     return {"changed": bool(names), "results": results}
 
 
+def launcher(*states: str) -> dict[str, Any]:
+    """The launcher task's registered result (inferops.vllm.config_files) in which entries of ``states`` changed:
+    its directories (the restart marks', the launcher's, the configuration's) and its four files."""
+    entries = [("directory", "/var/lib/inferops-vllm/restart-pending"), ("directory", "/usr/local/lib/inferops-vllm"),
+               *[("file", f"/usr/local/lib/inferops-vllm/{name}")
+                 for name in ("launch.py", "schema.py", "vocab.py", "auth.py")],
+               ("directory", "/etc/vllm")]
+    results = [{"path": path, "state": state, "changed": state in states} for state, path in entries]
+    return {"changed": bool(states), "results": results}
+
+
 # host -> (registered results, instances running, (marked, restarted) with rolling, restarted with immediate)
 CASES = {
     "nothing": ({"configs": changed(), "envs": changed()}, ["a", "b"], ([], []), []),
@@ -42,11 +53,14 @@ CASES = {
     "config-and-env": ({"configs": changed("a"), "envs": changed("a", "c")}, ["a"], (["a"], ["c"]), ["a", "c"]),
     "unit": ({"configs": changed(), "envs": changed(), "unit": {"changed": True}}, ["a", "c"],
              (["a", "c"], ["b"]), ["a", "b", "c"]),
-    "launcher": ({"configs": changed(), "envs": changed(), "launcher": {"changed": True}}, [],
+    "launcher": ({"configs": changed(), "envs": changed(), "launcher": launcher("file")}, [],
                  ([], ["a", "b", "c"]), ["a", "b", "c"]),
+    # A directory of that task (mode or owner) changed, no file the instances run: nothing restarts.
+    "launcher-directory": ({"configs": changed(), "envs": changed(), "launcher": launcher("directory")}, ["a"],
+                           ([], []), []),
     # The environment task failed before it registered anything (deploy_pd.yml forces the handlers): the config
     # change made before it still restarts its instance.
-    "failed-after-config": ({"launcher": {"changed": False}, "configs": changed("c"), "unit": None, "envs": None},
+    "failed-after-config": ({"launcher": launcher(), "configs": changed("c"), "unit": None, "envs": None},
                             ["a", "b", "c"], (["c"], []), ["c"]),
 }
 
