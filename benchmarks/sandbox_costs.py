@@ -440,15 +440,17 @@ def _describe_run(output: str) -> tuple[dict, float | None, list[tuple[str, floa
     return recap, playbook_seconds, top
 
 
-def measure_noop(args) -> list[dict]:
+def _timed_noop(figure: str, command: list[str], log_name: str, said: str) -> list[dict]:
+    """Run ``command`` on the up sandbox with nothing to change, and its figure: wall time, changed=0 on every host
+    or not, its most expensive tasks."""
     require_sandbox()
-    log = Path(tempfile.mkdtemp(prefix="inferops-sandbox-costs-")) / "noop-up.log"
-    print(f"noop: bash scripts/sandbox/up.sh (a re-run), output in {log} ...", flush=True)
-    seconds, rc, output = _run_logged(["bash", "scripts/sandbox/up.sh"], log, _up_env())
+    log = Path(tempfile.mkdtemp(prefix="inferops-sandbox-costs-")) / log_name
+    print(f"{figure}: {said}, output in {log} ...", flush=True)
+    seconds, rc, output = _run_logged(command, log, _up_env())
     print(f"  wall {seconds:.1f} s, exit status {rc}")
     recap, playbook_seconds, top = _describe_run(output)
-    all_unchanged = bool(recap) and all(c.get("changed") == 0 for c in recap.values())
     changed_hosts = [host for host, c in recap.items() if c.get("changed") != 0]
+    all_unchanged = bool(recap) and not changed_hosts
     print(f"  changed=0 on every host: {'yes' if all_unchanged else 'no'}"
           + (f" (changed on {', '.join(changed_hosts)})" if changed_hosts else ""))
     if all_unchanged:
@@ -456,38 +458,26 @@ def measure_noop(args) -> list[dict]:
     else:
         state = f"CHANGED on {', '.join(changed_hosts)}" if recap else "no PLAY RECAP"
     return [{
-        "figure": FIGURES["noop"],
+        "figure": FIGURES[figure],
         "value": f"{seconds:.1f} s, {state}" + (f", exit {rc}" if rc else ""),
-        "target": TARGETS["noop"],
+        "target": TARGETS[figure],
         "details": {"wall_seconds": round(seconds, 2), "exit_status": rc, "playbook_seconds": playbook_seconds,
                     "changed_zero_on_all_hosts": all_unchanged, "recap": recap,
                     "top_tasks": [{"task": n, "seconds": s} for n, s in top], "log": str(log)},
     }]
+
+
+def measure_noop(args) -> list[dict]:
+    return _timed_noop("noop", ["bash", "scripts/sandbox/up.sh"], "noop-up.log",
+                       "bash scripts/sandbox/up.sh (a re-run)")
 
 
 def measure_deploy(args) -> list[dict]:
     """The main job alone, as a user re-runs it: ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox
     with nothing to change (up.sh also checks the images, the wheelhouse and the hosts first)."""
-    require_sandbox()
-    log = Path(tempfile.mkdtemp(prefix="inferops-sandbox-costs-")) / "noop-deploy.log"
-    print(f"deploy: ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox, output in {log} ...", flush=True)
     command = "source scripts/sandbox/env.sh && exec ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox"
-    seconds, rc, output = _run_logged(["bash", "-c", command], log, _up_env())
-    print(f"  wall {seconds:.1f} s, exit status {rc}")
-    recap, playbook_seconds, top = _describe_run(output)
-    changed_hosts = [host for host, c in recap.items() if c.get("changed") != 0]
-    all_unchanged = bool(recap) and not changed_hosts
-    state = ("changed=0 on all hosts" if all_unchanged
-             else f"CHANGED on {', '.join(changed_hosts)}" if recap else "no PLAY RECAP")
-    print(f"  {state}; its most expensive tasks: " + "; ".join(f"{n} {s:.1f} s" for n, s in top))
-    return [{
-        "figure": FIGURES["deploy"],
-        "value": f"{seconds:.1f} s, {state}" + (f", exit {rc}" if rc else ""),
-        "target": TARGETS["deploy"],
-        "details": {"wall_seconds": round(seconds, 2), "exit_status": rc, "playbook_seconds": playbook_seconds,
-                    "changed_zero_on_all_hosts": all_unchanged, "recap": recap,
-                    "top_tasks": [{"task": n, "seconds": s} for n, s in top], "log": str(log)},
-    }]
+    return _timed_noop("deploy", ["bash", "-c", command], "noop-deploy.log",
+                       "ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox")
 
 
 def measure_up(args) -> list[dict]:

@@ -161,6 +161,15 @@ def _set_attributes(module, path, entry, diff=None):
     return module.set_mode_if_different(path, entry.get("mode"), changed, diff)
 
 
+def _attributes_changed(module, path, entry, diffs):
+    """Owner, group and mode of an existing path set as the entry says; their diff added to diffs when asked."""
+    diff = {} if module._diff else None
+    changed = _set_attributes(module, path, entry, diff)
+    if changed and diff:
+        diffs.append(diff)
+    return changed
+
+
 def _write(module, entry, data):
     """Write data to entry's path through a temporary file that has the final owner, group and mode before it
     is renamed over the path."""
@@ -206,11 +215,7 @@ def _file(module, entry, diffs):
                 module.fail_json(msg=f"{path}: its directory {parent} does not exist (list the directory first)")
             _write(module, entry, wanted)
         return True
-    diff = {} if module._diff else None
-    changed = _set_attributes(module, path, entry, diff)
-    if changed and diff:
-        diffs.append(diff)
-    return changed
+    return _attributes_changed(module, path, entry, diffs)
 
 
 def _directory(module, entry, diffs):
@@ -224,11 +229,7 @@ def _directory(module, entry, diffs):
             os.makedirs(path, 0o755)
             _set_attributes(module, path, entry)
         return True
-    diff = {} if module._diff else None
-    changed = _set_attributes(module, path, entry, diff)
-    if changed and diff:
-        diffs.append(diff)
-    return changed
+    return _attributes_changed(module, path, entry, diffs)
 
 
 def _absent(module, entry, diffs):
