@@ -49,6 +49,7 @@ warning (``[WARNING]: PD preflight: ...``) without failing the run.
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import math
 import os
@@ -1432,7 +1433,58 @@ def _router_tls_files(pub: Mapping[str, Any]) -> list[_Rule]:
         if path and not os.path.isfile(path):
             rules.append((variable, f"is '{path}', not a file on the controller.",
                           "point it at the PEM file on the controller (it is copied to the router host)."))
+    certificate, key = _text(pub.get("tls_certificate_file")), _text(pub.get("tls_key_file"))
+    if not rules and certificate and key:
+        rules.extend(_tls_pair_rules(certificate, key))
     return rules
+
+
+def _tls_pair_rules(certificate_path: str, key_path: str) -> list[_Rule]:
+    """The certificate and key nginx will load, read on the controller: nginx's reload (how a certificate rotation
+    takes effect without dropping a connection) keeps the old configuration when the new one does not load, and
+    says so only in its error log. So a pair that does not load is refused here, before any host is changed."""
+    # ansible-core requires cryptography: the controller has it.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    fix_pair = "give the certificate and the private key it was issued for (PEM, the key without a passphrase)."
+    with open(certificate_path, "rb") as f:
+        certificate_pem = f.read()
+    with open(key_path, "rb") as f:
+        key_pem = f.read()
+    try:
+        certificate = x509.load_pem_x509_certificate(certificate_pem)
+    except ValueError:
+        return [("vllm_router_tls_certificate", f"'{certificate_path}' holds no PEM certificate (nginx would not "
+                 "load it).", "point it at the certificate in PEM (the server's first, then its chain).")]
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError:
+        return [("vllm_router_tls_key", f"'{key_path}' is encrypted with a passphrase; nginx would stop at it.",
+                 "give the key without its passphrase (`openssl pkey -in key.pem -out plain.pem`), kept in Ansible "
+                 "Vault.")]
+    except ValueError:
+        return [("vllm_router_tls_key", f"'{key_path}' holds no PEM private key (not shown).", fix_pair)]
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if certificate.public_key().public_bytes(*spki) != key.public_key().public_bytes(*spki):
+        return [("vllm_router_tls_certificate, vllm_router_tls_key", f"the key '{key_path}' is not the key of the "
+                 f"certificate '{certificate_path}' (nginx would not load the pair).", fix_pair)]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    not_after, not_before = _utc(certificate, "not_valid_after"), _utc(certificate, "not_valid_before")
+    if not_after <= now:
+        return [("vllm_router_tls_certificate", f"'{certificate_path}' expired on {not_after:%Y-%m-%d %H:%M} UTC: "
+                 "clients would refuse the front.", "renew it and point the variable at the new certificate.")]
+    if not_before > now:
+        return [("vllm_router_tls_certificate", f"'{certificate_path}' is valid only from "
+                 f"{not_before:%Y-%m-%d %H:%M} UTC: clients would refuse the front until then.",
+                 "deploy it from then on, or check the controller's clock.")]
+    return []
+
+
+def _utc(certificate: Any, name: str) -> datetime.datetime:
+    """A certificate's validity bound, aware (cryptography 42+ has *_utc; older ones give naive UTC)."""
+    value = getattr(certificate, f"{name}_utc", None)
+    return value if value is not None else getattr(certificate, name).replace(tzinfo=datetime.timezone.utc)
 
 
 def _seconds(duration: str) -> float:

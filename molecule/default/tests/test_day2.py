@@ -22,6 +22,8 @@ import os
 import re
 import secrets
 import shutil
+import socket
+import ssl
 import string
 import subprocess
 import sys
@@ -35,6 +37,7 @@ import yaml
 from conftest import (
     DECODE,
     FALLBACKS_DEPLOYED,
+    ROUTER,
     cloud_deployed,
     container_ip,
     deploy_playbook,
@@ -59,6 +62,11 @@ DECODE_1 = "decode-1"  # in converge's pool; leaves it in the day-2 run
 DECODE_2 = {"name": "decode-2", "port": 8202, "kv_transfer_port": 5702, "cpus": "1"}  # joins it
 DECODE_0_CHANGE = {"shutdown_timeout": 45}
 POOL = ["decode-0", "decode-2"]  # the decode pool after the day-2 run
+# The client keys the day-2 run leaves: the load's key stays, client_api_key_2 (used by the read-only tests
+# before this file only) is dropped and client_api_key_3 added, in the same run. The front's certificate is
+# rotated to the second one prepare.yml made.
+CLIENT_KEYS = ["client_api_key", "client_api_key_3"]
+NEXT_CERTIFICATE = "front-next"
 # The load covers an operation when no stretch of it went without a request sent for this long: at 0.5
 # requests/s with at most 4 in flight, a gap this long means every slot hung on a stalled pool.
 MAX_GAP = 20
@@ -87,8 +95,8 @@ def router_workers(router_host) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def inventory(tmp_path_factory):
-    """Molecule's inventory with the decode host's pool changed: decode-1 gone, decode-2 added, decode-0's
-    shutdown_timeout changed."""
+    """Molecule's inventory with the decode host's pool changed (decode-1 gone, decode-2 added, decode-0's
+    shutdown_timeout changed) and the router's client keys and TLS certificate rotated."""
     src = os.path.join(EPHEMERAL, "inventory")
     dst = tmp_path_factory.mktemp("inventory") / "inventory"
     shutil.copytree(src, dst, symlinks=False)
@@ -100,6 +108,17 @@ def inventory(tmp_path_factory):
                  for i in instances if i["name"] != DECODE_1]
     data["vllm_instance_instances"] = [*instances, DECODE_2]
     host_vars.write_text(yaml.safe_dump(data, sort_keys=False))
+    router_vars = dst / "host_vars" / f"{ROUTER}.yml"
+    data = yaml.safe_load(router_vars.read_text()) or {}
+    assert len(data["vllm_router_api_keys"]) == 2, "molecule's client keys changed: see host_vars"
+    # As a site's vault would hold them: the keys by the same lookup, the certificate by its path.
+    data["vllm_router_api_keys"] = [
+        f"{{{{ lookup('ansible.builtin.password', inferops_sandbox_secrets_dir ~ '/{name}', "
+        f"chars=['ascii_letters', 'digits'], length=40) }}}}" for name in CLIENT_KEYS]
+    tls = os.path.join(EPHEMERAL, "tls")
+    data["vllm_router_tls_certificate"] = os.path.join(tls, f"{NEXT_CERTIFICATE}.pem")
+    data["vllm_router_tls_key"] = os.path.join(tls, f"{NEXT_CERTIFICATE}.key")
+    router_vars.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(dst)
 
 
@@ -169,23 +188,51 @@ def instance_status(url: str, key: str) -> int:
         return exc.code
 
 
+def front_status(front_url: str, key: str) -> int:
+    """The front's answer to /v1/models with this client key."""
+    req = urllib.request.Request(f"{front_url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30, context=ssl.create_default_context(cafile=front_ca())) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def served_certificate(front_url: str) -> bytes:
+    """The certificate the front presents now (DER), verified against molecule's CA."""
+    host, port = front_url.split("://", 1)[1].rsplit(":", 1)
+    context = ssl.create_default_context(cafile=front_ca())
+    with socket.create_connection((host, int(port)), timeout=30) as sock, \
+            context.wrap_socket(sock, server_hostname=host) as tls:
+        return tls.getpeercert(binary_form=True)
+
+
+def nginx_pid(router_host) -> str:
+    return router_host.check_output("systemctl show -p MainPID --value nginx.service").strip()
+
+
 def accepted_keys(host) -> list[str]:
     return [line for line in host.file("/etc/vllm/api-keys").content_string.splitlines()
             if line.strip() and not line.startswith("#")]
 
 
-def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_rotates_the_key_and_adds_fallbacks(
-        inventory, load, prefill_host, decode_host, router_host, prefill_url):
-    """deploy_pd.yml with decode-1 gone, decode-2 added, decode-0's shutdown_timeout changed, a new instance key and
-    the cloud as the front's fallback, in one run (each deploy_pd.yml run under load costs minutes on 2 cores):
+def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_rotates_the_keys_and_adds_fallbacks(
+        inventory, load, prefill_host, decode_host, router_host, prefill_url, front_url):
+    """deploy_pd.yml with decode-1 gone, decode-2 added, decode-0's shutdown_timeout changed, a new instance key, a
+    client key dropped and one added, a new TLS certificate for the front and the cloud as the front's fallback, in
+    one run (each deploy_pd.yml run under load costs minutes on 2 cores):
     decode-1 is taken out of every router replica and drained before anything changes, then stopped and its files
     removed; decode-2 starts and joins both replicas; decode-0 is marked while the run changes it and rolled at the
     end (out of the routers, drained, restarted, proven, put back); prefill is not restarted; no mark is left; the
     instances accept the new key beside the old one until the routers present it, then the new one only (no
-    instance restarts for it); the front has the fallback. No request fails or is served by the fallback all
-    along."""
+    instance restarts for it); nginx reloads for the client keys and the certificate (its master process stays) and
+    then serves the new certificate, refuses the dropped key and takes the added one; the front has the fallback. No
+    request fails or is served by the fallback all along."""
     cloud_dir = cloud_deployed()
     prefill_before = unit_start(prefill_host, "vllm@prefill-0")
+    nginx_before = nginx_pid(router_host)
+    dropped_client_key = secret("client_api_key_2")
+    certificate_before = served_certificate(front_url)
     decode_0_before = unit_start(decode_host, "vllm@decode-0")
     old_key = rotate_instance_key()
     new_key = secret("instance_api_key")
@@ -199,6 +246,14 @@ def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_rotates_th
         assert accepted_keys(host) == [new_key], host
     assert instance_status(prefill_url, old_key) == 401 and instance_status(prefill_url, new_key) == 200
     assert old_key not in output and new_key not in output
+    # The client keys and the certificate: a graceful reload, the new ones in effect, none of them printed.
+    client_keys = [secret(name) for name in CLIENT_KEYS]
+    assert nginx_pid(router_host) == nginx_before, "nginx restarted for a key or certificate change: reload only"
+    with open(os.path.join(EPHEMERAL, "tls", f"{NEXT_CERTIFICATE}.pem")) as f:
+        next_certificate = ssl.PEM_cert_to_DER_cert(f.read())
+    assert certificate_before != next_certificate and served_certificate(front_url) == next_certificate
+    assert [front_status(front_url, key) for key in [*client_keys, dropped_client_key]] == [200, 200, 401]
+    assert not [key for key in [*client_keys, dropped_client_key] if key in output]
     said = " ".join(output.split())  # the YAML callback folds long messages
     assert "the instances accept vllm_instance_api_key only (the 1 key(s) of before the rotation" in said
     # Its proof (verify.yml, the run's last part) names the KV transport the sandbox declares (tcp) and judges the

@@ -426,3 +426,73 @@ def test_no_warning_when_the_stop_covers_the_request_timeout_or_it_is_not_known(
 def test_the_roles_default_stop_timeout_is_the_request_timeout():
     defaults = (REPO / "roles" / "vllm_router" / "defaults" / "main.yml").read_text(encoding="utf-8")
     assert 'vllm_router_stop_timeout: "{{ vllm_router_request_timeout_secs }}"' in defaults
+
+
+def _pair(tmp_path: Path, name: str, days: tuple[int, int] = (-1, 30), passphrase: bytes | None = None,
+          key_of: str | None = None) -> tuple[str, str]:
+    """A self-signed certificate and its key in PEM files; `key_of` writes another pair's key instead."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    certificate = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now + datetime.timedelta(days=days[0]))
+                   .not_valid_after(now + datetime.timedelta(days=days[1])).sign(key, hashes.SHA256()))
+    encryption = (serialization.BestAvailableEncryption(passphrase) if passphrase
+                  else serialization.NoEncryption())
+    cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    if key_of is None:
+        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               encryption))
+    else:
+        key_path.write_bytes((tmp_path / f"{key_of}.key").read_bytes())
+    return str(cert_path), str(key_path)
+
+
+def _tls_lines(cert: str, key: str) -> list[str]:
+    record = router_settings(tls=True, tls_certificate=True, tls_key=True, tls_certificate_file=cert,
+                             tls_key_file=key)
+    return [line for line in pf.router_problems(record, "r1") if "tls" in line]
+
+
+def test_a_matching_current_certificate_and_key_pass(tmp_path):
+    assert _tls_lines(*_pair(tmp_path, "front")) == []
+
+
+@pytest.mark.parametrize(("case", "start"), [
+    ("mismatch", "[secrets] r1: vllm_router_tls_certificate, vllm_router_tls_key: the key"),
+    ("expired", "[secrets] r1: vllm_router_tls_certificate: '"),
+    ("future", "[secrets] r1: vllm_router_tls_certificate: '"),
+    ("passphrase", "[secrets] r1: vllm_router_tls_key: '"),
+    ("not_pem", "[secrets] r1: vllm_router_tls_certificate: '"),
+])
+def test_a_pair_nginx_would_not_load_or_clients_would_refuse_is_refused(tmp_path, case, start):
+    """nginx's reload keeps the old configuration when the new pair does not load (and says so in its error log
+    only): a certificate rotation to a bad pair would look done. Each is refused before any host changes."""
+    if case == "mismatch":
+        _pair(tmp_path, "other")
+        cert, key = _pair(tmp_path, "front", key_of="other")
+        said = "is not the key of the certificate"
+    elif case == "expired":
+        cert, key = _pair(tmp_path, "front", days=(-30, -1))
+        said = "expired on"
+    elif case == "future":
+        cert, key = _pair(tmp_path, "front", days=(2, 30))
+        said = "is valid only from"
+    elif case == "passphrase":
+        cert, key = _pair(tmp_path, "front", passphrase=b"secret-passphrase")
+        said = "is encrypted with a passphrase"
+    else:
+        cert, key = _pair(tmp_path, "front")
+        Path(cert).write_text("not a certificate\n")
+        said = "holds no PEM certificate"
+    lines = _tls_lines(cert, key)
+    assert len(lines) == 1 and lines[0].startswith(start) and said in lines[0], lines
+    assert "secret-passphrase" not in lines[0] and "PRIVATE KEY" not in lines[0]
