@@ -112,6 +112,20 @@ def deploy_playbook(inventory: str, name: str, *args: str, timeout: int = 1800) 
     return run
 
 
+def inline_playbook(text: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """A playbook of the test's own (YAML `text`) against molecule's inventory, as deploy_playbook runs ours."""
+    path = tmp_path / "inline.yml"
+    path.write_text(text)
+    env = playbook_environment()
+    cfg = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"), "ansible.cfg")
+    if os.path.isfile(cfg):
+        env["ANSIBLE_CONFIG"] = cfg
+    inventory = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"), "inventory")
+    return subprocess.run(["ansible-playbook", "-i", inventory, str(path), *args],
+                          cwd=os.environ.get("MOLECULE_PROJECT_DIRECTORY", None), env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+
+
 def cloud_deployed(timeout: float = 1800) -> str:
     """The directory of the test "cloud" (molecule/default/cloud.yml: its CA, key and fallbacks.yml) once its
     deployment finished; prepare.yml starts it in the background, a run against another inventory deploys it

@@ -8,7 +8,7 @@ import re
 import time
 
 import pytest
-from conftest import http_json, metric_samples, secret, unit_cpu_seconds
+from conftest import http_json, inline_playbook, metric_samples, molecule_only, secret, unit_cpu_seconds
 
 LAUNCH = "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config"
 
@@ -270,3 +270,49 @@ def test_idle_instances_give_their_cores_back(prefill_host, decode_host):
     usage = {name: (after[name] - before[name]) / elapsed for name in units}
     assert all(before.values()), f"no CPU time read for the instances' processes: {before}"
     assert all(u <= IDLE_BOUND for u in usage.values()), f"idle CPU per instance (1.0 = one core): {usage}"
+
+
+STALE_CHECK = """
+- name: Which running decode instances started before their files last changed (check mode, no mark written)
+  hosts: decode
+  gather_facts: false
+  become: true
+  tasks:
+    - name: Ask the module the role runs
+      inferops.vllm.vllm_instance_stale:
+        instances:
+          - name: decode-0
+            files: [/etc/vllm/decode-0.toml, /etc/vllm/decode-0.env]
+        common_files: [/etc/systemd/system/vllm@.service]
+        pending_dir: /var/lib/inferops-vllm/restart-pending
+      check_mode: true
+      register: stale
+
+    - name: Say what it found
+      ansible.builtin.debug:
+        msg: "STALE={{ stale.stale | to_json }} MARKED={{ stale.marked | to_json }}"
+"""
+
+
+@molecule_only
+def test_a_config_newer_than_its_running_instance_is_found_stale(decode_host, tmp_path):
+    """The mark an interrupted run would lose (a config written, the run stopped before its handler): derived from
+    the real unit's start time and the real file's modification time. The converged decode-0 is not stale; with its
+    config.toml's modification time moved past its start it is, and would be marked. Check mode: the config's time
+    is put back and no mark is written."""
+    decode = decode_host
+    config = "/etc/vllm/decode-0.toml"
+    mtime = decode.check_output(f"stat -c %Y {config}").strip()
+
+    def found() -> str:
+        run = inline_playbook(STALE_CHECK, tmp_path)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+        return re.search(r"STALE=(\[.*?\]) MARKED=(\[.*?\])", run.stdout).group(0)
+
+    assert found() == 'STALE=[] MARKED=[]'
+    try:
+        decode.check_output(f"touch {config}")
+        assert found() == 'STALE=["decode-0"] MARKED=["decode-0"]'
+    finally:
+        decode.check_output(f"touch -d @{mtime} {config}")
+    assert not decode.file("/var/lib/inferops-vllm/restart-pending/decode-0").exists
