@@ -1852,6 +1852,62 @@ def launcher_problems(published: Mapping[str, Any], host: str, variables: Mappin
     return rep.lines()
 
 
+# The TOML keys both sides of a handoff must agree on (the `parity` check's settings as the instances' config.toml
+# holds them), and the variable that sets each. The vLLM version is not here: an upgrade rolls (docs/day2.md).
+PARITY_TOML_KEYS = (
+    (("model", "name"), "vllm_instance_model, vllm_instance_model_revision"),
+    (("model", "dtype"), "vllm_instance_dtype"),
+    (("model", "quantization"), "vllm_instance_quantization"),
+    (("model", "max_model_len"), "vllm_instance_max_model_len"),
+    (("kv_cache", "quant_dtype"), "vllm_instance_kv_cache_dtype"),
+    (("kv_cache", "block_size"), "vllm_instance_block_size"),
+    (("pd_disaggregation", "kv_transfer_backend"), "vllm_instance_kv_transfer_backend"),
+    (("kv_fabric", "transport"), "vllm_instance_kv_transport"),
+)
+
+
+def _shown_or_unset(value: Any) -> str:
+    return "not set" if value is None else _show(value)
+
+
+def parity_change_problems(published: Mapping[str, Any], host: str, running: Mapping[str, str] | None,
+                           variables: Mapping[str, Any] | None = None) -> list[str]:
+    """The settings prefill and decode must agree on that this run would change on instances that run now
+    (`running`: instance name -> its config.toml on the host). A rolling restart changes one instance at a time,
+    so for minutes prefill and decode would hand KV over with different values; refused, with the two ways that
+    exist (restart together with an outage, or a second deployment)."""
+    import tomllib  # noqa: PLC0415 - the controller's Python is 3.11+
+
+    rep = _Report()
+    inv = _one_host(rep, "parity", published, host, variables)
+    if inv is None:
+        return rep.lines()
+    changes: dict[str, list[str]] = {}
+    for inst in inv.instances:
+        text = (running or {}).get(inst.name)
+        if text is None:
+            continue
+        try:
+            old = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            continue  # not a file this role wrote: the launcher's own check covers the new one
+        new, _sources, _unrenderable = _launcher_config(inv, inst)
+        for (section, key), variable in PARITY_TOML_KEYS:
+            before, after = (old.get(section) or {}).get(key), (new.get(section) or {}).get(key)
+            if before != after:
+                changes.setdefault(variable, []).append(
+                    f"{inst.name} {_shown_or_unset(before)} -> {_shown_or_unset(after)}")
+    for variable, what in changes.items():
+        rep.add("parity", host, variable,
+                f"changes on running instances ({'; '.join(what)}). Prefill and decode must agree on it, and a rolling "
+                "restart changes one instance at a time: for minutes they would hand KV over with different values.",
+                "restart every instance together, with an outage of one start-up (about a minute here, the model's "
+                "load time on GPUs): run with -e vllm_instance_restart_strategy=immediate. Without an outage: deploy "
+                "the new value as a second deployment (its own hosts and router, a new inventory), move the clients "
+                "to its front, then remove this one.")
+    return rep.lines()
+
+
 def instance_problems(published: Mapping[str, Any], host: str) -> list[str]:
     """The rules of the ``instances``, ``ports``, ``model`` and ``unsupported`` checks that one host's record
     decides alone, for the vllm_instance role's own preflight (see instance_problems.yml): the same code, so
@@ -2060,6 +2116,7 @@ class FilterModule:
                 "front_fallback_problems": front_fallback_problems,
                 "front_fallback_redact": front_fallback_redact, "kv_sizing": kv_sizing,
                 "launcher_problems": launcher_problems, "instance_problems": instance_problems,
+                "parity_change_problems": parity_change_problems,
                 "host_address_problems": host_address_problems,
                 "router_problems": router_problems, "valid_api_key": valid_api_key,
                 "install_problems": install_problems, "driver_problems": driver_problems,

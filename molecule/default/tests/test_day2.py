@@ -216,6 +216,25 @@ def accepted_keys(host) -> list[str]:
             if line.strip() and not line.startswith("#")]
 
 
+def test_a_shared_setting_change_is_refused_before_any_host_changes(prefill_host, decode_host):
+    """The KV cache dtype changed on the running deployment: prefill and decode must agree on it, and the rollout
+    would restart them one at a time, so deploy_pd.yml refuses in its host checks, names the running instances with
+    the old and new value and the ways (restart together, a second deployment), and no host changed."""
+    before = {"prefill": unit_start(prefill_host, "vllm@prefill-0"), "decode": unit_start(decode_host, "vllm@decode-0")}
+    toml = decode_host.file("/etc/vllm/decode-0.toml").content_string
+    run = deploy_playbook(os.path.join(EPHEMERAL, "inventory"), "deploy_pd.yml", "-e",
+                          "vllm_instance_kv_cache_dtype=fp8_e5m2")
+    output = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode != 0, output[-3000:]
+    assert "[parity] molecule-decode: vllm_instance_kv_cache_dtype: changes on running instances (decode-0 'auto' -> " \
+           "'fp8_e5m2'; decode-1 'auto' -> 'fp8_e5m2')" in output, output[-3000:]
+    assert "vllm_instance_restart_strategy=immediate" in output and "second deployment" in output
+    assert not re.search(r"changed=[1-9]", output), output[-2000:]
+    assert unit_start(prefill_host, "vllm@prefill-0") == before["prefill"]
+    assert unit_start(decode_host, "vllm@decode-0") == before["decode"]
+    assert decode_host.file("/etc/vllm/decode-0.toml").content_string == toml
+
+
 def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_rotates_the_keys_and_adds_fallbacks(
         inventory, load, prefill_host, decode_host, router_host, prefill_url, front_url):
     """deploy_pd.yml with decode-1 gone, decode-2 added, decode-0's shutdown_timeout changed, a new instance key, a

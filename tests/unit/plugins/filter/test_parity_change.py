@@ -1,0 +1,66 @@
+"""inferops.vllm.parity_change_problems: a setting prefill and decode must agree on, changed on a running
+instance, is refused (a rolling restart would mix the two values for minutes); other changes, new instances and
+instances that do not run are not. The running config.toml is written from the same render the filter compares
+with, so a line here is the comparison's, not a renderer's difference (molecule compares with the real files)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_instance_toml import defaults
+
+
+def published(**settings: Any) -> dict[str, Any]:
+    host_settings = {**defaults(), "kv_buffer_device": "cpu", **settings}
+    del host_settings["environment"], host_settings["extra_args"]  # publish.yml leaves them out
+    instances = [{"name": name, "port": port, "kv_transfer_port": kv, "overrides": {}, "settings": host_settings}
+                 for name, port, kv in (("decode-0", 8200, 5700), ("decode-1", 8201, 5701))]
+    return {"pd_role": "decode", "address": "10.0.0.21", "served_model_name": "m", "instances": instances,
+            "settings": host_settings, "model": "org/m", "model_is_local": False, "kv_transfer_backend": "nixl",
+            "vllm_variant": "cpu", "api_key_set": False}
+
+
+def running_toml(record: dict[str, Any], name: str) -> str:
+    """The parity keys of the instance as the run would write them, as a config.toml on the host holds them."""
+    inv = pf._one_host(pf._Report(), "parity", record, "d1", None)
+    inst = next(i for i in inv.instances if i.name == name)
+    config, _sources, _unrenderable = pf._launcher_config(inv, inst)
+    lines = []
+    for section in sorted({section for (section, _key), _variable in pf.PARITY_TOML_KEYS}):
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in (config.get(section) or {}).items()
+                  if isinstance(value, (str, int, bool)) and not isinstance(value, float)]
+    return "\n".join(lines) + "\n"
+
+
+def test_nothing_changed_or_a_setting_outside_parity_changed_passes():
+    before = published()
+    running = {name: running_toml(before, name) for name in ("decode-0", "decode-1")}
+    assert pf.parity_change_problems(before, "d1", running) == []
+    assert pf.parity_change_problems(published(max_num_seqs=8), "d1", running) == []
+
+
+@pytest.mark.parametrize(("setting", "value", "variable"), [
+    ("kv_cache_dtype", "fp8_e5m2", "vllm_instance_kv_cache_dtype"),
+    ("max_model_len", 1024, "vllm_instance_max_model_len"),
+    ("dtype", "float32", "vllm_instance_dtype"),
+])
+def test_a_shared_setting_changed_on_running_instances_is_refused_with_the_ways(setting, value, variable):
+    before = published()
+    running = {name: running_toml(before, name) for name in ("decode-0", "decode-1")}
+    (line,) = pf.parity_change_problems(published(**{setting: value}), "d1", running)
+    assert line.startswith(f"[parity] d1: {variable}: changes on running instances (decode-0 "), line
+    assert "decode-1 " in line and f"-> {pf._show(value)}" in line
+    assert "vllm_instance_restart_strategy=immediate" in line and "second deployment" in line
+
+
+def test_instances_that_do_not_run_may_change():
+    """decode-1 does not run (no config read): only decode-0 is named."""
+    before = published()
+    (line,) = pf.parity_change_problems(published(kv_cache_dtype="fp8_e5m2"), "d1",
+                                        {"decode-0": running_toml(before, "decode-0")})
+    assert "decode-0 " in line and "decode-1" not in line
+    assert pf.parity_change_problems(published(kv_cache_dtype="fp8_e5m2"), "d1", {}) == []
