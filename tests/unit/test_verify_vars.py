@@ -65,14 +65,15 @@ def test_the_version_metrics_url_and_kv_transport_come_from_the_records(tmp_path
     assert f"RESOLVED {version} http://[::1]:29100/metrics {transport}" in output, output
 
 
-def test_the_kv_throughput_floors_of_the_proof_and_the_alert_are_the_same():
+def test_the_kv_throughput_floors_of_the_proof_the_rollout_and_the_alert_are_the_same():
     import yaml
 
     def floors(role, name):
         return yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text(encoding="utf-8"))[name]
 
     assert floors("vllm_verify", "vllm_verify_min_kv_throughput_mib_s") == floors(
-        "vllm_monitoring", "vllm_monitoring_kv_throughput_min_mib_s") == {"tcp": 10, "rdma": 100}
+        "vllm_monitoring", "vllm_monitoring_kv_throughput_min_mib_s") == floors(
+        "vllm_rollout", "vllm_rollout_min_kv_throughput_mib_s") == {"tcp": 10, "rdma": 100}
 
 
 def test_no_copy_of_another_roles_default_is_left():
