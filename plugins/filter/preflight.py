@@ -1866,16 +1866,21 @@ PARITY_TOML_KEYS = (
 )
 
 
+# An instance's ports as its config.toml holds them, and the key of vllm_instance_instances[] that sets each.
+PORT_TOML_KEYS = ((("server", "port"), "port"), (("pd_disaggregation", "kv_transfer_port"), "kv_transfer_port"))
+
+
 def _shown_or_unset(value: Any) -> str:
     return "not set" if value is None else _show(value)
 
 
 def parity_change_problems(published: Mapping[str, Any], host: str, running: Mapping[str, str] | None,
                            variables: Mapping[str, Any] | None = None) -> list[str]:
-    """The settings prefill and decode must agree on that this run would change on instances that run now
-    (`running`: instance name -> its config.toml on the host). A rolling restart changes one instance at a time,
-    so for minutes prefill and decode would hand KV over with different values; refused, with the two ways that
-    exist (restart together with an outage, or a second deployment)."""
+    """What this run would change on instances that run now (`running`: instance name -> its config.toml on the
+    host) that a rolling restart cannot carry. The settings prefill and decode must agree on: the rollout changes
+    one instance at a time, so for minutes prefill and decode would hand KV over with different values. An
+    instance's ports: the routers and the firewall move to the new port before the instance restarts onto it.
+    Refused, with the ways that exist."""
     import tomllib  # noqa: PLC0415 - the controller's Python is 3.11+
 
     rep = _Report()
@@ -1892,11 +1897,27 @@ def parity_change_problems(published: Mapping[str, Any], host: str, running: Map
         except tomllib.TOMLDecodeError:
             continue  # not a file this role wrote: the launcher's own check covers the new one
         new, _sources, _unrenderable = _launcher_config(inv, inst)
+
+        def values(section: str, key: str) -> tuple[Any, Any]:
+            return (old.get(section) or {}).get(key), (new.get(section) or {}).get(key)  # noqa: B023
+
         for (section, key), variable in PARITY_TOML_KEYS:
-            before, after = (old.get(section) or {}).get(key), (new.get(section) or {}).get(key)
+            before, after = values(section, key)
             if before != after:
                 changes.setdefault(variable, []).append(
                     f"{inst.name} {_shown_or_unset(before)} -> {_shown_or_unset(after)}")
+        for (section, key), setting in PORT_TOML_KEYS:
+            before, after = values(section, key)
+            if before is not None and before != after:
+                rep.add("ports", host, f"vllm_instance_instances[{inst.name}].{setting}",
+                        f"changes on the running instance ({before} -> {after}). The routers and the firewall would "
+                        f"move to {after} at once, while the instance serves {before} until its rolling restart: "
+                        f"the routers would send requests where nothing listens yet, and {before} would be open to "
+                        "any address (the firewall filters the ports it knows).",
+                        "add the instance under a new name with the new port (the run starts it and adds it to the "
+                        "routers without a failed request), and remove the old one in a later run (it leaves the "
+                        "routers and drains before it stops). Or restart it at once, with its requests failing "
+                        "meanwhile: -e vllm_instance_restart_strategy=immediate.")
     for variable, what in changes.items():
         rep.add("parity", host, variable,
                 f"changes on running instances ({'; '.join(what)}). Prefill and decode must agree on it, and a rolling "

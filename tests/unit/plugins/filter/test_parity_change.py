@@ -24,12 +24,12 @@ def published(**settings: Any) -> dict[str, Any]:
 
 
 def running_toml(record: dict[str, Any], name: str) -> str:
-    """The parity keys of the instance as the run would write them, as a config.toml on the host holds them."""
+    """The parity and port keys of the instance as the run would write them, as its config.toml holds them."""
     inv = pf._one_host(pf._Report(), "parity", record, "d1", None)
     inst = next(i for i in inv.instances if i.name == name)
     config, _sources, _unrenderable = pf._launcher_config(inv, inst)
     lines = []
-    for section in sorted({section for (section, _key), _variable in pf.PARITY_TOML_KEYS}):
+    for section in sorted({section for (section, _key), _name in pf.PARITY_TOML_KEYS + pf.PORT_TOML_KEYS}):
         lines.append(f"[{section}]")
         lines += [f"{key} = {json.dumps(value)}" for key, value in (config.get(section) or {}).items()
                   if isinstance(value, (str, int, bool)) and not isinstance(value, float)]
@@ -64,3 +64,18 @@ def test_instances_that_do_not_run_may_change():
                                         {"decode-0": running_toml(before, "decode-0")})
     assert "decode-0 " in line and "decode-1" not in line
     assert pf.parity_change_problems(published(kv_cache_dtype="fp8_e5m2"), "d1", {}) == []
+
+
+@pytest.mark.parametrize(("setting", "value", "old"), [("port", 8210, 8200), ("kv_transfer_port", 5710, 5700)])
+def test_a_port_change_of_a_running_instance_is_refused_with_the_way(setting, value, old):
+    """The routers and the firewall would move to the new port while the instance serves the old one until its
+    roll (the old one then open to any address)."""
+    before = published()
+    running = {"decode-0": running_toml(before, "decode-0")}
+    after = published()
+    after["instances"][0][setting] = value
+    (line,) = pf.parity_change_problems(after, "d1", running)
+    assert line.startswith(f"[ports] d1: vllm_instance_instances[decode-0].{setting}: changes on the running instance "
+                           f"({old} -> {value})"), line
+    assert "under a new name" in line and "vllm_instance_restart_strategy=immediate" in line
+    assert pf.parity_change_problems(before, "d1", running) == []
