@@ -1,0 +1,355 @@
+# Copyright (c) inferops.vllm developers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Routine operations and faults under steady load on the sandbox, and what each cost: failed requests and the
+time until the front answers `ok` again.
+
+    python3 benchmarks/chaos.py                      # the sandbox of scripts/sandbox/up.sh must be up
+    python3 benchmarks/chaos.py --only nginx-reload,replica-kill,decode-kill
+    python3 benchmarks/chaos.py --json chaos.json --keep
+
+One load runs all along: streamed 8-token completions through the front at --rate requests/s from this process
+(benchmarks/bench_load.py FrontLoad). First the decode host gets a second instance (decode-1, port 8201, so that a
+decode instance can leave rotation without emptying the pool), then each operation runs in turn and the front must
+answer `ok` (every instance healthy) before the next one; at the end decode-1 leaves again (unless --keep).
+
+Operations (planned ones must fail no request; a fault may fail what was in flight plus what the routers sent the
+dead instance before their health checks took it out, and nothing after the recovery):
+
+  nginx-reload     planned  `systemctl reload nginx` on the router host, three times, 5 s apart
+  replica-kill     fault    SIGKILL of router replica 1 (systemd restarts it; nginx uses replica 0 meanwhile)
+  client-key       planned  a client key rotation: deploy_pd.yml with the old and a new key, the load switches to
+                            the new key, deploy_pd.yml with the new key alone (docs/key-rotation.md)
+  instance-key     planned  a new vllm_instance_api_key, one deploy_pd.yml run
+  decode-roll      planned  playbooks/rolling_restart.yml over decode-0 and decode-1
+  prefill-roll     planned  playbooks/rolling_restart.yml over prefill-0 with vllm_rollout_allow_downtime (the only
+                            prefill instance: an outage, no bound); proven against both decode instances first
+  decode-kill      fault    SIGKILL of vllm@decode-0 (systemd restarts it)
+  kv-block         fault    every packet between the prefill and the decode host dropped for --block seconds
+                            (on the prefill host, its own nftables table): kv_load_failure_policy recompute must
+                            keep the requests answering
+  prefill-restart  fault    `podman restart` of the prefill host: the sandbox's only prefill instance, so the
+                            service is down until it is back (no bound; the figure is the outage)
+
+Bounded: at most --rate requests/s, each operation waits at most --recovery s for the front, the whole run stops
+at the first operation that does not recover. Traffic goes to the sandbox's containers only. It asserts nothing
+(exit 1 only when an operation could not run); the table goes to benchmarks/RESULTS.md by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import secrets
+import string
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench_load import FrontLoad, LoadResult, percentile
+from rolling_restart import playbook, write_inventory
+from sandbox_costs import (
+    DECODE_HOST,
+    FRONT_PORT,
+    MODEL,
+    PREFILL_HOST,
+    ROUTER_HOST,
+    container_ip,
+    machine_description,
+    podman,
+    require_sandbox,
+    secret,
+    secrets_dir,
+)
+
+OPERATIONS = ("nginx-reload", "replica-kill", "client-key", "instance-key", "decode-roll", "prefill-roll",
+              "decode-kill", "kv-block", "prefill-restart")
+# Operations on the sandbox's only prefill instance: the service is down until it is back (no bound).
+OUTAGES = {"prefill-roll", "prefill-restart"}
+FAULTS = {"replica-kill", "decode-kill", "kv-block", "prefill-restart"}
+# What a fault may fail beyond the requests in flight: the routers' health window (vllm_router defaults:
+# interval 2 s x 2 failures + timeout 5 s), at the load's rate.
+HEALTH_WINDOW = 2 * 2 + 5
+SETTLE = 10
+
+
+@dataclass
+class Outcome:
+    name: str
+    kind: str
+    start: float
+    end: float = 0.0
+    recovered_at: float | None = None
+    bound: float | None = 0
+    note: str = ""
+    sent: int = 0
+    failed: int = 0
+    failed_after_recovery: int = 0
+    ttft_p50_ms: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def verdict(self) -> str:
+        if self.recovered_at is None:
+            return "not recovered"
+        if self.failed_after_recovery:
+            return "not met (failed after the recovery)"
+        if self.bound is None:
+            return "no bound (outage)"
+        return "met" if self.failed <= self.bound else "not met"
+
+
+def front_url() -> str:
+    return f"http://{container_ip(ROUTER_HOST)}:{FRONT_PORT}"
+
+
+def front_health(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+            return resp.status, resp.read().decode(errors="replace").strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace").strip()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def wait_ok(url: str, timeout: float) -> float | None:
+    """When the front answers 200 `ok` (every pool's instances healthy), or None after `timeout`."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        status, body = front_health(url)
+        if status == 200 and body.split()[:1] == ["ok"]:
+            return time.perf_counter()
+        time.sleep(1)
+    return None
+
+
+def write_secret(name: str, value: str) -> None:
+    """Replace a sandbox key where the inventory's password lookup reads it (0600, atomic)."""
+    path = secrets_dir() / name
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    os.replace(tmp, path)
+
+
+def new_key() -> str:
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _position in range(40))
+
+
+def exec_in(container: str, *argv: str, timeout: float = 120) -> str:
+    return podman("exec", container, *argv, timeout=timeout)
+
+
+class Chaos:
+    def __init__(self, args, load: FrontLoad, url: str, extra: Path, logs: Path):
+        self.args, self.load, self.url, self.extra, self.logs = args, load, url, extra, logs
+
+    def deploy(self, name: str, *args: str, two_decodes: bool = True) -> None:
+        """deploy_pd.yml on the sandbox, with decode-1 (the second inventory) unless `two_decodes` is false."""
+        extra = ("-i", str(self.extra)) if two_decodes else ()
+        seconds, rc, output = playbook("deploy_pd.yml", *extra, *args, log=self.logs / f"{name}.log")
+        if rc != 0:
+            raise RuntimeError(f"{name}: deploy_pd.yml failed after {seconds:.0f} s (log: {self.logs / name}.log): "
+                               f"{output[-1500:]}")
+
+    def nginx_reload(self) -> None:
+        for _time in range(3):
+            exec_in(ROUTER_HOST, "systemctl", "reload", "nginx.service")
+            time.sleep(5)
+
+    def wait_back(self, container: str, unit: str, url: str) -> None:
+        """Until `unit` is active in `container` and `url` (its health route, on the container's loopback) answers
+        200: what the operation broke is back (the routers' view follows within their health window)."""
+        probe = f"import urllib.request; urllib.request.urlopen('{url}', timeout=5)"
+        deadline = time.monotonic() + self.args.recovery
+        time.sleep(1)
+        while time.monotonic() < deadline:
+            active = subprocess.run(["podman", "exec", container, "systemctl", "is-active", unit],
+                                    capture_output=True, text=True, check=False).stdout.strip()
+            if active == "active" and subprocess.run(["podman", "exec", container, "python3", "-c", probe],
+                                                     capture_output=True, check=False).returncode == 0:
+                return
+            time.sleep(1)
+        raise RuntimeError(f"{unit} on {container} not back within {self.args.recovery:.0f} s")
+
+    def replica_kill(self) -> None:
+        """The operation lasts until the killed replica is back: active and ready (its /readiness 200)."""
+        exec_in(ROUTER_HOST, "systemctl", "kill", "-s", "KILL", "vllm-router@1.service")
+        env = exec_in(ROUTER_HOST, "cat", "/etc/vllm-router/replica-1.env")
+        port = next(int(line.split("=", 1)[1]) for line in env.splitlines() if line.startswith("VLLM_ROUTER_PORT="))
+        self.wait_back(ROUTER_HOST, "vllm-router@1.service", f"http://127.0.0.1:{port}/readiness")
+
+    def client_key(self) -> None:
+        old, new = secret("client_api_key"), new_key()
+        with tempfile.TemporaryDirectory(prefix="inferops-chaos-keys-") as directory:
+            both = Path(directory) / "keys.json"
+            fd = os.open(both, os.O_WRONLY | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"vllm_router_api_keys": [old, new]}, f)
+            self.deploy("client-key-accept-both", "-e", f"@{both}")
+        self.load.api_key = new  # the clients switch
+        write_secret("client_api_key", new)  # the inventory's list is now the new key alone
+        self.deploy("client-key-drop-old")
+
+    def instance_key(self) -> None:
+        write_secret("instance_api_key", new_key())
+        self.deploy("instance-key")
+
+    def decode_roll(self) -> None:
+        seconds, rc, output = playbook("rolling_restart.yml", "-i", str(self.extra), "-e",
+                                       json.dumps({"vllm_rollout_instances": ["decode-0", "decode-1"]}),
+                                       log=self.logs / "decode-roll.log")
+        if rc != 0:
+            raise RuntimeError(f"decode-roll: failed after {seconds:.0f} s: {output[-1500:]}")
+
+    def prefill_roll(self) -> None:
+        """The sandbox's one prefill instance rolled (vllm_rollout_allow_downtime): restarted, then proven against
+        each decode instance with the KV throughput floor before it goes back."""
+        seconds, rc, output = playbook("rolling_restart.yml", "-i", str(self.extra), "-e",
+                                       json.dumps({"vllm_rollout_instances": ["prefill-0"],
+                                                   "vllm_rollout_allow_downtime": True}),
+                                       log=self.logs / "prefill-roll.log")
+        if rc != 0:
+            raise RuntimeError(f"prefill-roll: failed after {seconds:.0f} s: {output[-1500:]}")
+
+    def decode_kill(self) -> None:
+        exec_in(DECODE_HOST, "systemctl", "kill", "-s", "KILL", "vllm@decode-0.service")
+        self.wait_back(DECODE_HOST, "vllm@decode-0.service", "http://127.0.0.1:8200/health")
+
+    def kv_block(self) -> None:
+        decode = container_ip(DECODE_HOST)
+        rules = (f"table inet inferops_chaos {{\n"
+                 f"  chain input {{ type filter hook input priority -300; ip saddr {decode} drop; }}\n"
+                 f"  chain output {{ type filter hook output priority -300; ip daddr {decode} drop; }}\n}}\n")
+        subprocess.run(["podman", "exec", "-i", PREFILL_HOST, "nft", "-f", "-"], input=rules, text=True,
+                       check=True, timeout=30)
+        try:
+            time.sleep(self.args.block)
+        finally:
+            exec_in(PREFILL_HOST, "nft", "delete", "table", "inet", "inferops_chaos")
+
+    def prefill_restart(self) -> None:
+        podman("restart", "--time", "30", PREFILL_HOST, timeout=180)
+        self.wait_back(PREFILL_HOST, "vllm@prefill-0.service", "http://127.0.0.1:8100/health")
+
+
+def judge(outcome: Outcome, result: LoadResult, rate: float, max_concurrency: int) -> None:
+    """The requests sent from the operation's start until the front was `ok` again; those sent in the SETTLE
+    seconds after that must not fail."""
+    recovered = outcome.recovered_at if outcome.recovered_at is not None else outcome.end
+    inside = result.between(outcome.start, max(outcome.end, recovered))
+    outcome.sent = len(inside)
+    failed = [r for r in inside if r[2]]
+    outcome.failed = len(failed)
+    outcome.errors = sorted({r[2][:160] for r in failed})[:4]
+    outcome.failed_after_recovery = sum(1 for r in result.between(max(outcome.end, recovered),
+                                                                  max(outcome.end, recovered) + SETTLE) if r[2])
+    ttfts = [t * 1000 for _s, t, e in inside if not e and t is not None]
+    value = percentile(ttfts, 50)
+    outcome.ttft_p50_ms = round(value) if value is not None else None
+    if outcome.kind == "fault" and outcome.bound is not None:
+        outcome.bound = max_concurrency + rate * HEALTH_WINDOW
+
+
+def table(outcomes: list[Outcome]) -> str:
+    lines = ["| operation | kind | requests during it | failed | bound | recovered after | TTFT p50 | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for o in outcomes:
+        recovered = f"{o.recovered_at - o.start:.0f} s" if o.recovered_at is not None else "no"
+        bound = "none" if o.bound is None else f"{o.bound:g}"
+        ttft = f"{o.ttft_p50_ms} ms" if o.ttft_p50_ms is not None else "n/a"
+        lines.append(f"| {o.name} | {o.kind} | {o.sent} | {o.failed} | {bound} | {recovered} | {ttft} | "
+                     f"{o.verdict()} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default=",".join(OPERATIONS), help="comma-separated operations, in this order")
+    parser.add_argument("--rate", type=float, default=0.5, help="requests/s through the front")
+    parser.add_argument("--block", type=float, default=30.0, help="seconds the KV path is blocked")
+    parser.add_argument("--recovery", type=float, default=300.0, help="seconds an operation may take to recover")
+    parser.add_argument("--keep", action="store_true", help="leave decode-1 running at the end")
+    parser.add_argument("--json", help="write the outcomes here too")
+    args = parser.parse_args(argv)
+    chosen = [name for name in args.only.split(",") if name]
+    unknown = [name for name in chosen if name not in OPERATIONS]
+    if unknown:
+        parser.error(f"unknown operations {unknown}; choose from {', '.join(OPERATIONS)}")
+    require_sandbox()
+    url = front_url()
+    logs = Path(tempfile.mkdtemp(prefix="inferops-chaos-"))
+    extra = write_inventory()
+    print(f"logs in {logs}", flush=True)
+    load = FrontLoad(url, MODEL, secret("client_api_key"), rate=args.rate, timeout=120)
+    chaos = Chaos(args, load, url, extra, logs)
+    outcomes: list[Outcome] = []
+    failure = ""
+    load.start()
+
+    def operation(name: str, kind: str, action, bound: float | None = 0, note: str = "") -> bool:
+        outcome = Outcome(name, kind, time.perf_counter(), bound=bound, note=note)
+        print(f"== {name} ({kind})", flush=True)
+        action()
+        outcome.end = time.perf_counter()
+        outcome.recovered_at = wait_ok(url, args.recovery)
+        time.sleep(SETTLE)
+        judge(outcome, load.snapshot(), args.rate, load.max_concurrency)
+        outcomes.append(outcome)
+        print(table([outcome]).splitlines()[-1], flush=True)
+        return outcome.recovered_at is not None
+
+    try:
+        if not operation("scale-out to 2 decode instances (setup)", "planned", lambda: chaos.deploy("scale-out")):
+            raise RuntimeError("the front did not come back after the scale-out")
+        actions = {"nginx-reload": chaos.nginx_reload, "replica-kill": chaos.replica_kill,
+                   "client-key": chaos.client_key, "instance-key": chaos.instance_key,
+                   "decode-roll": chaos.decode_roll, "prefill-roll": chaos.prefill_roll,
+                   "decode-kill": chaos.decode_kill, "kv-block": chaos.kv_block,
+                   "prefill-restart": chaos.prefill_restart}
+        for name in chosen:
+            bound = None if name in OUTAGES else 0
+            if not operation(name, "fault" if name in FAULTS else "planned", actions[name], bound=bound):
+                raise RuntimeError(f"{name}: the front did not answer ok within {args.recovery:.0f} s")
+    except (RuntimeError, subprocess.SubprocessError) as exc:
+        failure = str(exc)
+        print(f"stopped: {failure}", file=sys.stderr, flush=True)
+    finally:
+        if not args.keep:
+            try:
+                operation("scale-in to 1 decode instance (teardown)", "planned",
+                          lambda: chaos.deploy("scale-in", two_decodes=False))
+            except (RuntimeError, subprocess.SubprocessError) as exc:
+                failure = failure or f"scale-in: {exc}"
+        result = load.stop()
+    # Judged again on the whole load: a request still in flight when its operation was first judged (a stalled
+    # handoff runs until its timeout) counts now.
+    for outcome in outcomes:
+        judge(outcome, result, args.rate, load.max_concurrency)
+    print()
+    machine = machine_description(os.cpu_count(), Path("/proc/meminfo").read_text(),
+                                  Path("/etc/os-release").read_text())
+    print(f"# chaos on the sandbox, {datetime.date.today()}, rate {args.rate} req/s, {machine}")
+    print(table(outcomes))
+    for o in outcomes:
+        if o.errors:
+            print(f"  {o.name}: {o.errors}")
+    outside = [r for r in result.requests if r[2] and not any(o.start <= r[0] <= (o.recovered_at or o.end) + SETTLE
+                                                             for o in outcomes)]
+    print(f"whole load: {result.completed} completed, {result.failed} failed, {len(outside)} of them outside the "
+          f"operations")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(o) for o in outcomes], indent=2))
+    return 1 if failure else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
