@@ -272,7 +272,7 @@ def table(outcomes: list[Outcome]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--only", default=",".join(OPERATIONS), help="comma-separated operations, in this order")
     parser.add_argument("--rate", type=float, default=0.5, help="requests/s through the front")
     parser.add_argument("--block", type=float, default=30.0, help="seconds the KV path is blocked")
@@ -342,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     for o in outcomes:
         if o.errors:
             print(f"  {o.name}: {o.errors}")
-    outside = [r for r in result.requests if r[2] and not any(o.start <= r[0] <= (o.recovered_at or o.end) + SETTLE
-                                                             for o in outcomes)]
+    def during_one(start: float) -> bool:
+        return any(o.start <= start <= (o.recovered_at or o.end) + SETTLE for o in outcomes)
+
+    outside = [r for r in result.requests if r[2] and not during_one(r[0])]
     print(f"whole load: {result.completed} completed, {result.failed} failed, {len(outside)} of them outside the "
           f"operations")
     if args.json:
