@@ -342,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     for o in outcomes:
         if o.errors:
             print(f"  {o.name}: {o.errors}")
+
     def during_one(start: float) -> bool:
         return any(o.start <= start <= (o.recovered_at or o.end) + SETTLE for o in outcomes)
 
