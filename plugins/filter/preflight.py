@@ -1870,6 +1870,11 @@ PARITY_TOML_KEYS = (
 PORT_TOML_KEYS = ((("server", "port"), "port"), (("pd_disaggregation", "kv_transfer_port"), "kv_transfer_port"))
 
 
+def _toml_value(config: Mapping[str, Any], section: str, key: str) -> Any:
+    """A key of a config.toml's section, None when either is missing."""
+    return (config.get(section) or {}).get(key)
+
+
 def _shown_or_unset(value: Any) -> str:
     return "not set" if value is None else _show(value)
 
@@ -1897,17 +1902,13 @@ def parity_change_problems(published: Mapping[str, Any], host: str, running: Map
         except tomllib.TOMLDecodeError:
             continue  # not a file this role wrote: the launcher's own check covers the new one
         new, _sources, _unrenderable = _launcher_config(inv, inst)
-
-        def values(section: str, key: str) -> tuple[Any, Any]:
-            return (old.get(section) or {}).get(key), (new.get(section) or {}).get(key)  # noqa: B023
-
         for (section, key), variable in PARITY_TOML_KEYS:
-            before, after = values(section, key)
+            before, after = _toml_value(old, section, key), _toml_value(new, section, key)
             if before != after:
                 changes.setdefault(variable, []).append(
                     f"{inst.name} {_shown_or_unset(before)} -> {_shown_or_unset(after)}")
         for (section, key), setting in PORT_TOML_KEYS:
-            before, after = values(section, key)
+            before, after = _toml_value(old, section, key), _toml_value(new, section, key)
             if before is not None and before != after:
                 rep.add("ports", host, f"vllm_instance_instances[{inst.name}].{setting}",
                         f"changes on the running instance ({before} -> {after}). The routers and the firewall would "
