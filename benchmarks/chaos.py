@@ -31,6 +31,12 @@ dead instance before their health checks took it out, and nothing after the reco
   prefill-restart  fault    `podman restart` of the prefill host: the sandbox's only prefill instance, so the
                             service is down until it is back (no bound; the figure is the outage)
 
+Every instance's /health is probed all along from the router host (where the routers' own health checks come
+from), every --probe-interval s with a 60 s timeout, so that a late answer is measured instead of cut: the table
+below the operations has each instance's /health latency per operation (p50, p99, max, and how many probes took
+longer than the routers' timeout). --decode-1-cpus puts decode-1 on other cores, e.g. "0", the prefill
+instance's core (issue #24's layout).
+
 Bounded: at most --rate requests/s, each operation waits at most --recovery s for the front, the whole run stops
 at the first operation that does not recover. Traffic goes to the sandbox's containers only. It asserts nothing
 (exit 1 only when an operation could not run); the table goes to benchmarks/RESULTS.md by hand.
@@ -42,11 +48,13 @@ import argparse
 import datetime
 import json
 import os
+import re
 import secrets
 import string
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -54,7 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_load import FrontLoad, LoadResult, percentile
-from rolling_restart import playbook, write_inventory
+from rolling_restart import DECODE_INSTANCES, playbook, write_inventory
 from sandbox_costs import (
     DECODE_HOST,
     FRONT_PORT,
@@ -94,6 +102,8 @@ class Outcome:
     failed_after_recovery: int = 0
     ttft_p50_ms: float | None = None
     errors: list[str] = field(default_factory=list)
+    # instance -> (probes, p50 ms, p99 ms, max ms, probes over the routers' health timeout)
+    health: dict = field(default_factory=dict)
 
     def verdict(self) -> str:
         if self.recovered_at is None:
@@ -146,6 +156,70 @@ def new_key() -> str:
 
 def exec_in(container: str, *argv: str, timeout: float = 120) -> str:
     return podman("exec", container, *argv, timeout=timeout)
+
+
+# Runs on the router host (python3 of the distribution): one thread per instance URL, a GET of /health every
+# INTERVAL s with a 60 s timeout; prints "<CLOCK_MONOTONIC at the start> <url> <ms> <status>" per probe (the
+# container shares the kernel's monotonic clock with this process's perf_counter).
+PROBE_SCRIPT = """
+import sys, threading, time, urllib.request, urllib.error
+interval = float(sys.argv[1])
+lock = threading.Lock()
+def probe(url):
+    while True:
+        start = time.monotonic()
+        try:
+            with urllib.request.urlopen(url, timeout=60) as resp:
+                status = resp.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        except OSError:
+            status = 0
+        ms = (time.monotonic() - start) * 1000
+        with lock:
+            print(f"{start:.3f} {url} {ms:.1f} {status}", flush=True)
+        time.sleep(max(0.0, interval - ms / 1000))
+for url in sys.argv[2:]:
+    threading.Thread(target=probe, args=(url,), daemon=True).start()
+sys.stdin.read()
+"""
+
+
+class HealthProbe:
+    """Every instance's /health latency, measured from the router host all along the run."""
+
+    def __init__(self, urls: dict[str, str], interval: float):
+        self.names = {url: name for name, url in urls.items()}
+        self.samples: list[tuple[float, str, float, int]] = []
+        self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            ["podman", "exec", "-i", ROUTER_HOST, "python3", "-u", "-c", PROBE_SCRIPT, str(interval), *urls.values()],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            parts = line.split()
+            if len(parts) == 4 and parts[1] in self.names:
+                self.samples.append((float(parts[0]), self.names[parts[1]], float(parts[2]), int(parts[3])))
+
+    def stop(self) -> None:
+        self.proc.stdin.close()  # the script exits at the end of its input
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.reader.join(timeout=10)
+
+    def summary(self, start: float, end: float, timeout_s: float) -> dict:
+        """Per instance, the probes started in [start, end]: count, p50, p99, max (ms), and over `timeout_s`."""
+        out = {}
+        for name in sorted(set(self.names.values())):
+            ms = [m for t, n, m, _status in self.samples if n == name and start <= t <= end]
+            if ms:
+                out[name] = (len(ms), round(percentile(ms, 50)), round(percentile(ms, 99)), round(max(ms)),
+                             sum(1 for m in ms if m > timeout_s * 1000))
+        return out
 
 
 class Chaos:
@@ -271,6 +345,22 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def health_table(outcomes: list[Outcome], timeout_s: float) -> str:
+    lines = [f"| operation | instance | /health probes | p50 | p99 | max | over the routers' {timeout_s:g} s |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for o in outcomes:
+        for name, (count, p50, p99, most, over) in o.health.items():
+            lines.append(f"| {o.name} | {name} | {count} | {p50} ms | {p99} ms | {most} ms | {over} |")
+    return "\n".join(lines)
+
+
+def router_health_timeout() -> float:
+    """The routers' --health-check-timeout-secs, from their unit on the router host."""
+    unit = exec_in(ROUTER_HOST, "cat", "/etc/systemd/system/vllm-router@.service")
+    found = re.search(r"--health-check-timeout-secs[ =](\d+)", unit)
+    return float(found.group(1)) if found else float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--only", default=",".join(OPERATIONS), help="comma-separated operations, in this order")
@@ -279,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recovery", type=float, default=300.0, help="seconds an operation may take to recover")
     parser.add_argument("--keep", action="store_true", help="leave decode-1 running at the end")
     parser.add_argument("--json", help="write the outcomes here too")
+    parser.add_argument("--probe-interval", type=float, default=1.0, help="seconds between two /health probes")
+    parser.add_argument("--decode-1-cpus", default=DECODE_INSTANCES[1]["cpus"],
+                        help='the cores of decode-1 (default: decode-0\'s; "0" is the prefill instance\'s)')
     args = parser.parse_args(argv)
     chosen = [name for name in args.only.split(",") if name]
     unknown = [name for name in chosen if name not in OPERATIONS]
@@ -287,8 +380,13 @@ def main(argv: list[str] | None = None) -> int:
     require_sandbox()
     url = front_url()
     logs = Path(tempfile.mkdtemp(prefix="inferops-chaos-"))
-    extra = write_inventory()
+    extra = write_inventory(decode_1_cpus=args.decode_1_cpus)
     print(f"logs in {logs}", flush=True)
+    prefill, decode = container_ip(PREFILL_HOST), container_ip(DECODE_HOST)
+    health_timeout = router_health_timeout()
+    probe = HealthProbe({"prefill-0": f"http://{prefill}:8100/health",
+                         **{i["name"]: f"http://{decode}:{i['port']}/health" for i in DECODE_INSTANCES}},
+                        args.probe_interval)
     load = FrontLoad(url, MODEL, secret("client_api_key"), rate=args.rate, timeout=120)
     chaos = Chaos(args, load, url, extra, logs)
     outcomes: list[Outcome] = []
@@ -303,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome.recovered_at = wait_ok(url, args.recovery)
         time.sleep(SETTLE)
         judge(outcome, load.snapshot(), args.rate, load.max_concurrency)
+        outcome.health = probe.summary(outcome.start, outcome.recovered_at or outcome.end, health_timeout)
         outcomes.append(outcome)
         print(table([outcome]).splitlines()[-1], flush=True)
         return outcome.recovered_at is not None
@@ -330,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             except (RuntimeError, subprocess.SubprocessError) as exc:
                 failure = failure or f"scale-in: {exc}"
         result = load.stop()
+        probe.stop()
     # Judged again on the whole load: a request still in flight when its operation was first judged (a stalled
     # handoff runs until its timeout) counts now.
     for outcome in outcomes:
@@ -339,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                                   Path("/etc/os-release").read_text())
     print(f"# chaos on the sandbox, {datetime.date.today()}, rate {args.rate} req/s, {machine}")
     print(table(outcomes))
+    print()
+    print(health_table(outcomes, health_timeout))
     for o in outcomes:
         if o.errors:
             print(f"  {o.name}: {o.errors}")

@@ -58,13 +58,16 @@ DECODE_INSTANCES = [
 TARGETS = {"failed": "0", "ttft": "p99 during the roll <= 5x steady p99"}
 
 
-def write_inventory() -> Path:
-    """A second inventory (ansible-playbook -i ... -i THIS) that gives the decode host two instances."""
+def write_inventory(decode_1_cpus: str | None = None) -> Path:
+    """A second inventory (ansible-playbook -i ... -i THIS) that gives the decode host two instances (decode-1 on
+    `decode_1_cpus` when given)."""
     directory = Path(tempfile.mkdtemp(prefix="inferops-roll-"))
     (directory / "host_vars").mkdir()
     (directory / "hosts.yml").write_text(json.dumps({"all": {"hosts": {DECODE_HOST: {}}}}))
     host_vars = directory / "host_vars" / f"{DECODE_HOST}.yml"
-    host_vars.write_text(json.dumps({"vllm_instance_instances": DECODE_INSTANCES}))
+    instances = [dict(i, **({"cpus": decode_1_cpus} if decode_1_cpus and i["name"] == "decode-1" else {}))
+                 for i in DECODE_INSTANCES]
+    host_vars.write_text(json.dumps({"vllm_instance_instances": instances}))
     return directory
 
 
