@@ -23,6 +23,12 @@ Figures (run on the Podman host, as the user that ran up.sh):
            nginx, vllm-router, prefill, NIXL, decode), alternating, and their ratio front/direct.
   up       opt-in: down.sh, then up.sh timed from no hosts to the end of the run, and whether the
            proof printed its success marker.
+  roll     opt-in (it changes the deployment, then changes it back): one setting of one decode
+           instance changed (decode-0's shutdown_timeout + 5, through a second inventory) and
+           deploy_pd.yml run under a steady load (0.5 requests/s of 8-token completions through the
+           front, benchmarks/bench_load.py FrontLoad), then deploy_pd.yml again without the change:
+           each run's wall time, whether it rolled decode-0, and the requests that failed
+           (issue #26's one-setting figure).
 
 It prints figures and the targets they are compared with in benchmarks/RESULTS.md; it asserts
 nothing (exit status 1 only when a figure could not be measured at all). On a 2-core machine the
@@ -58,16 +64,17 @@ FRONT_PORT = 8000
 # What roles/vllm_verify/templates/summary.j2 prints when the proof succeeded ("NOT proven" otherwise).
 PROOF_MARKER = "KV handoff PROVEN"
 PROFILE_CALLBACK = "ansible.posix.profile_tasks"
-MEASUREMENTS = ("idle", "noop", "deploy", "latency", "up")
+MEASUREMENTS = ("idle", "noop", "deploy", "latency", "up", "roll")
 DEFAULT_ONLY = "idle,noop,deploy,latency"
 # Run order when several are selected: up first (it rebuilds the sandbox the others measure).
-RUN_ORDER = ("up", "idle", "latency", "noop", "deploy")
+RUN_ORDER = ("up", "idle", "latency", "noop", "deploy", "roll")
 FIGURES = {
     "idle": "idle CPU",
     "noop": "no-op re-run of up.sh",
     "deploy": "no-op deploy_pd.yml",
     "latency": "front/direct completion latency",
     "up": "up.sh, warm cache, no hosts to PROVEN",
+    "roll": "one setting of decode-0 changed under load, deploy_pd.yml (change, back)",
 }
 TARGETS = {
     "idle": "<= 10 % of one core",
@@ -75,7 +82,10 @@ TARGETS = {
     "deploy": "<= 30 s (issue #26)",
     "latency": "<= 1.2x",
     "up": "none (reported)",
+    "roll": "<= 180 s each, 0 failed (issue #26)",
 }
+# decode-0 as inventories/sandbox/group_vars/decode.yml has it; the roll figure adds an override.
+DECODE_0 = {"name": "decode-0", "port": 8200, "kv_transfer_port": 5700, "cpus": "1"}
 
 # Inside a container: the processes of a unit's cgroup, then their /proc/PID/stat lines. cgroup v1
 # keeps systemd's tree under /sys/fs/cgroup/systemd, v2 directly under /sys/fs/cgroup.
@@ -503,8 +513,53 @@ def measure_up(args) -> list[dict]:
     }]
 
 
+def measure_roll(args) -> list[dict]:
+    from bench_load import FrontLoad  # pylint: disable=import-outside-toplevel  (only this figure needs it)
+    require_sandbox()
+    toml = podman("exec", DECODE_HOST, "cat", "/etc/vllm/decode-0.toml")
+    found = re.search(r"^shutdown_timeout = (\d+)$", toml, re.MULTILINE)
+    if not found:
+        raise RuntimeError("no shutdown_timeout in decode-0's config.toml")
+    changed = int(found.group(1)) + 5
+    directory = Path(tempfile.mkdtemp(prefix="inferops-sandbox-costs-"))
+    (directory / "inventory" / "host_vars").mkdir(parents=True)
+    (directory / "inventory" / "hosts.yml").write_text(json.dumps({"all": {"hosts": {DECODE_HOST: {}}}}))
+    (directory / "inventory" / "host_vars" / f"{DECODE_HOST}.yml").write_text(json.dumps(
+        {"vllm_instance_instances": [dict(DECODE_0, overrides={"shutdown_timeout": changed})]}))
+    command = "source scripts/sandbox/env.sh && exec ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox"
+    load = FrontLoad(f"http://{container_ip(ROUTER_HOST)}:{FRONT_PORT}", MODEL, secret("client_api_key"), rate=0.5,
+                     timeout=args.timeout)
+    print(f"roll: decode-0's shutdown_timeout -> {changed} and back, under 0.5 requests/s, output in {directory}",
+          flush=True)
+    runs = []
+    load.start()
+    try:
+        for name, extra in (("change", f" -i {directory / 'inventory'}"), ("back", "")):
+            start = time.perf_counter()
+            seconds, rc, output = _run_logged(["bash", "-c", command + extra], directory / f"{name}.log", _up_env())
+            runs.append((name, start, time.perf_counter(), seconds, rc, "decode-0 rolled" in strip_ansi(output)))
+            print(f"  {name}: wall {seconds:.1f} s, exit status {rc}, decode-0 rolled: {runs[-1][5]}", flush=True)
+            if rc != 0:
+                break
+    finally:
+        result = load.stop()
+    figures = []
+    for name, start, end, seconds, rc, rolled in runs:
+        inside = result.between(start, end)
+        failed = sum(1 for r in inside if r[2])
+        figures.append({
+            "figure": f"{FIGURES['roll']}: {name}",
+            "value": f"{seconds:.1f} s, {'rolled' if rolled else 'NOT rolled'}, {failed} of {len(inside)} requests "
+                     "failed" + (f", exit {rc}" if rc else ""),
+            "target": TARGETS["roll"],
+            "details": {"wall_seconds": round(seconds, 2), "exit_status": rc, "rolled": rolled, "failed": failed,
+                        "sent": len(inside), "log": str(directory / f"{name}.log")},
+        })
+    return figures
+
+
 MEASURE = {"idle": measure_idle, "noop": measure_noop, "deploy": measure_deploy, "latency": measure_latency,
-           "up": measure_up}
+           "up": measure_up, "roll": measure_roll}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,8 +597,9 @@ def _read(path: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="`up` removes the sandbox hosts (down.sh) before rebuilding them, so it runs only when\n"
-               "named in --only. Targets: " + "; ".join(f"{k} {v}" for k, v in TARGETS.items()) + ".",
+        epilog="`up` removes the sandbox hosts (down.sh) before rebuilding them, and `roll` changes the deployment\n"
+               "and back, so they run only when named in --only. Targets: "
+               + "; ".join(f"{k} {v}" for k, v in TARGETS.items()) + ".",
     )
     parser.add_argument("--only", type=_selection, default=_selection(DEFAULT_ONLY), metavar="LIST",
                         help=f"comma-separated measurements among {','.join(MEASUREMENTS)} (default: {DEFAULT_ONLY})")
