@@ -514,7 +514,8 @@ def measure_up(args) -> list[dict]:
 
 
 def measure_roll(args) -> list[dict]:
-    from bench_load import FrontLoad  # pylint: disable=import-outside-toplevel  (only this figure needs it)
+    # Only this figure needs the load generator.
+    from bench_load import FrontLoad  # pylint: disable=import-outside-toplevel
     require_sandbox()
     toml = podman("exec", DECODE_HOST, "cat", "/etc/vllm/decode-0.toml")
     found = re.search(r"^shutdown_timeout = (\d+)$", toml, re.MULTILINE)
