@@ -28,7 +28,8 @@ usage() {
   cat <<EOF
 usage: bash scripts/test.sh [--only STAGE[,STAGE...]] [--skip STAGE|FILE[,...]] [--list]
 
-stages (all by default; sanity, driver and gateway run in the background beside lint, build and unit):
+stages (all by default; sanity runs in the background beside lint, build and unit, driver and gateway beside unit;
+the sandbox images, wheelhouses and model are made beside the tools venv, lint and build):
   lint      yamllint --strict, ansible-lint (production profile), ruff, shellcheck
   sanity    ansible-test sanity on the collection's plugins
   build     the collection artifact built and installed; ansible-doc of every module, filter and role;
@@ -83,10 +84,21 @@ main() {
   stage "stages: $stages${verify_skip:+ (molecule verify without:$verify_skip)}"
   stage "sandbox and tools"
   t0=$(date +%s)
-  "$REPO_ROOT/scripts/sandbox/setup.sh" all
-  if has driver; then "$REPO_ROOT/scripts/sandbox/setup.sh" ubuntu-image; fi
+  "$REPO_ROOT/scripts/sandbox/setup.sh" host
+  # The images, the wheelhouses and the model (minutes on a fresh machine, half of it downloads and one core's
+  # work) are made in the background while the tools venv is built and lint, build and sanity run: none of
+  # those reads them. The unit, driver, gateway and molecule stages start once they are there.
+  local setup_dir setup_pid
+  setup_dir="$(mktemp -d)"
+  ( t=$(date +%s); r=0
+    { "$REPO_ROOT/scripts/sandbox/setup.sh" image && "$REPO_ROOT/scripts/sandbox/setup.sh" wheelhouse &&
+      "$REPO_ROOT/scripts/sandbox/setup.sh" model &&
+      if has driver; then "$REPO_ROOT/scripts/sandbox/setup.sh" ubuntu-image; fi; } >"$setup_dir/log" 2>&1 || r=$?
+    echo "setup: images, wheelhouses, model (beside tools, lint, build)|$(( $(date +%s) - t ))|$r" >"$setup_dir/time"
+    exit $r ) &
+  setup_pid=$!
   bin="$("$REPO_ROOT/scripts/sandbox/tools.sh")"
-  times+=("setup (sandbox image, wheelhouse, model, tools)|$(( $(date +%s) - t0 ))|0")
+  times+=("setup: host packages and the tools venv|$(( $(date +%s) - t0 ))|0")
   export PATH="$bin:$PATH"
   export_sandbox_env
   export ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
@@ -98,10 +110,10 @@ main() {
   export INFEROPS_TEST_LOG_DIR
   INFEROPS_TEST_LOG_DIR="$(mktemp -d /tmp/inferops-test-logs.XXXXXX)"
 
-  # Background stages: ansible-test sanity (one core most of its time), the driver scenario (apt and podman
-  # exec, little CPU) and the gateway checks (one nginx container) run beside lint, build and the unit stage,
-  # each into a log shown when they have all ended, and before the default scenario creates its network (two
-  # networks created at once could pick the same bridge).
+  # Background stages: ansible-test sanity (one core most of its time) runs beside lint, build and the unit
+  # stage; the driver scenario (apt and podman exec, little CPU) and the gateway checks (one nginx container),
+  # which need the images, beside the unit stage. Each writes a log shown when they have all ended, and all end
+  # before the default scenario creates its network (two networks created at once could pick the same bridge).
   local bg_dir bg_pids=()
   bg_dir="$(mktemp -d)"
   background() {  # background NAME COMMAND...: run it, keep its output, its time and its exit status
@@ -113,8 +125,6 @@ main() {
     stage "started in the background: $name"
   }
   if has sanity; then background sanity "$REPO_ROOT/scripts/sanity.sh"; fi
-  if has driver; then background driver molecule test -s nvidia_driver; fi
-  if has gateway; then background gateway bash tests/gateway/run.sh; fi
 
   local fg_rc=0
   if has lint; then
@@ -125,6 +135,20 @@ main() {
     stage "collection: build and install the artifact, docs render, playbooks and inventories parse"
     timed build build_all || fg_rc=1
   fi
+  stage "waiting for the sandbox images, wheelhouses and model (made in the background)"
+  local setup_rc=0
+  wait "$setup_pid" || setup_rc=$?
+  cat "$setup_dir/log"
+  times+=("$(cat "$setup_dir/time")")
+  rm -rf "$setup_dir"
+  if [ "$setup_rc" -ne 0 ]; then
+    wait "${bg_pids[@]}" 2>/dev/null || true
+    report_times
+    echo "failed: the sandbox setup (its output is above)" >&2
+    return 1
+  fi
+  if has driver; then background driver molecule test -s nvidia_driver; fi
+  if has gateway; then background gateway bash tests/gateway/run.sh; fi
   if has unit && [ "$fg_rc" -eq 0 ]; then
     stage "unit tests (pytest-xdist, 2 workers)"
     timed unit pytest -q -n 2 --dist loadfile --durations=15 tests/unit || fg_rc=1
