@@ -23,11 +23,12 @@ Figures (run on the Podman host, as the user that ran up.sh):
            nginx, vllm-router, prefill, NIXL, decode), alternating, and their ratio front/direct.
   up       opt-in: down.sh, then up.sh timed from no hosts to the end of the run, and whether the
            proof printed its success marker.
-  roll     opt-in (it changes the deployment, then changes it back): one setting of one decode
-           instance changed (decode-0's shutdown_timeout + 5, through a second inventory) and
-           deploy_pd.yml run under a steady load (0.5 requests/s of 8-token completions through the
-           front, benchmarks/bench_load.py FrontLoad), then deploy_pd.yml again without the change:
-           each run's wall time, whether it rolled decode-0, and the requests that failed
+  roll     opt-in (it changes the deployment, then changes it back): under a steady load (0.5
+           requests/s of 8-token completions through the front, benchmarks/bench_load.py FrontLoad),
+           deploy_pd.yml adds decode-1 (a decode pool of two, so that decode-0's roll is no outage;
+           not timed), changes one setting of decode-0 (its shutdown_timeout + 5), puts it back, and
+           removes decode-1 (not timed), each through a second inventory: the change's and the way
+           back's wall time, whether each rolled decode-0, and the requests that failed during it
            (issue #26's one-setting figure).
 
 It prints figures and the targets they are compared with in benchmarks/RESULTS.md; it asserts
@@ -86,6 +87,7 @@ TARGETS = {
 }
 # decode-0 as inventories/sandbox/group_vars/decode.yml has it; the roll figure adds an override.
 DECODE_0 = {"name": "decode-0", "port": 8200, "kv_transfer_port": 5700, "cpus": "1"}
+DECODE_1 = {"name": "decode-1", "port": 8201, "kv_transfer_port": 5701, "cpus": "1"}
 
 # Inside a container: the processes of a unit's cgroup, then their /proc/PID/stat lines. cgroup v1
 # keeps systemd's tree under /sys/fs/cgroup/systemd, v2 directly under /sys/fs/cgroup.
@@ -523,25 +525,31 @@ def measure_roll(args) -> list[dict]:
         raise RuntimeError("no shutdown_timeout in decode-0's config.toml")
     changed = int(found.group(1)) + 5
     directory = Path(tempfile.mkdtemp(prefix="inferops-sandbox-costs-"))
-    (directory / "inventory" / "host_vars").mkdir(parents=True)
-    (directory / "inventory" / "hosts.yml").write_text(json.dumps({"all": {"hosts": {DECODE_HOST: {}}}}))
-    (directory / "inventory" / "host_vars" / f"{DECODE_HOST}.yml").write_text(json.dumps(
-        {"vllm_instance_instances": [dict(DECODE_0, overrides={"shutdown_timeout": changed})]}))
+    for name, decode_0 in (("pool", DECODE_0), ("change", dict(DECODE_0, overrides={"shutdown_timeout": changed}))):
+        (directory / name / "host_vars").mkdir(parents=True)
+        (directory / name / "hosts.yml").write_text(json.dumps({"all": {"hosts": {DECODE_HOST: {}}}}))
+        (directory / name / "host_vars" / f"{DECODE_HOST}.yml").write_text(
+            json.dumps({"vllm_instance_instances": [decode_0, DECODE_1]}))
     command = "source scripts/sandbox/env.sh && exec ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox"
     load = FrontLoad(f"http://{container_ip(ROUTER_HOST)}:{FRONT_PORT}", MODEL, secret("client_api_key"), rate=0.5,
                      timeout=args.timeout)
-    print(f"roll: decode-0's shutdown_timeout -> {changed} and back, under 0.5 requests/s, output in {directory}",
-          flush=True)
+    print(f"roll: decode-1 added (not timed), decode-0's shutdown_timeout -> {changed} and back (timed), decode-1 "
+          f"removed (not timed), under 0.5 requests/s, output in {directory}", flush=True)
+    # decode-1 (on the decode host's core too) keeps the decode pool serving while decode-0 rolls, as a site's pool.
+    steps = (("scale-out", "pool", False), ("change", "change", True), ("back", "pool", True), ("scale-in", "", False))
     runs = []
     load.start()
     try:
-        for name, extra in (("change", f" -i {directory / 'inventory'}"), ("back", "")):
+        for name, inventory, timed in steps:
+            extra = f" -i {directory / inventory}" if inventory else ""
             start = time.perf_counter()
             seconds, rc, output = _run_logged(["bash", "-c", command + extra], directory / f"{name}.log", _up_env())
-            runs.append((name, start, time.perf_counter(), seconds, rc, "decode-0 rolled" in strip_ansi(output)))
-            print(f"  {name}: wall {seconds:.1f} s, exit status {rc}, decode-0 rolled: {runs[-1][5]}", flush=True)
+            rolled = "decode-0 rolled" in strip_ansi(output)
+            print(f"  {name}: wall {seconds:.1f} s, exit status {rc}, decode-0 rolled: {rolled}", flush=True)
+            if timed:
+                runs.append((name, start, time.perf_counter(), seconds, rc, rolled))
             if rc != 0:
-                break
+                raise RuntimeError(f"deploy_pd.yml ({name}) failed, exit {rc}: see {directory / name}.log")
     finally:
         result = load.stop()
     figures = []
