@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,10 @@ def playbook() -> list[dict[str, Any]]:
             place,
             _role_task(tasks, "ansible.builtin.copy", "dest", "{{ vllm_instance_config_dir }}/{{ item.name }}.toml"),
             _config_files_task(tasks, "Give each instance's unit its stop timeout (drain + the launcher's cleanup)"),
+            # The unit template the host's instances share.
+            {"name": "The instances' unit", "ansible.builtin.template": {
+                "src": str(ROLE / "templates" / "vllm@.service.j2"),
+                "dest": "{{ out }}/{{ inventory_hostname }}/vllm@.service", "mode": "0600"}},
             # What the preflight renders the TOML from (as the role's preflight passes it).
             {"name": "What the host published", "ansible.builtin.copy": {
                 "dest": "{{ out }}/{{ inventory_hostname }}/published.json", "mode": "0600",
@@ -206,7 +211,7 @@ def test_the_role_renders_every_instances_files(renders):
         found = {str(f.relative_to(out)) for f in out.rglob("*") if f.is_file()}
         instances = [*EXISTING, *([("p2", "prefill-0"), ("d2", "decode-0")] if peers else [])]
         expected = {f for host, name in instances for f in _files(host, name)}
-        expected |= {f"{host}/published.json" for host, _name in instances}
+        expected |= {f"{host}/{name}" for host, _name in instances for name in ("published.json", "vllm@.service")}
         assert found == expected
 
 
@@ -281,3 +286,21 @@ def test_each_instances_unit_waits_for_its_drain(renders):
     unit = (ROLE / "templates" / "vllm@.service.j2").read_text(encoding="utf-8")
     # The shared unit keeps a fallback for an instance without a drop-in, and names the drop-in.
     assert "\nTimeoutStopSec=20\n" in unit and "{{ _vllm_instance_stop_dropin }}" in unit
+
+
+def test_the_unit_has_no_line_outside_its_comments_and_sections(renders):
+    """Every line of the rendered unit is blank, a comment, a [section] or a Key=value inside a section: the runtime
+    comment once wrapped, and systemd warned "Assignment outside of section" at every daemon-reload."""
+    for out in renders.values():
+        for unit in out.glob("*/vllm@.service"):
+            section = None
+            for number, line in enumerate(unit.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.strip() or line.startswith(("#", ";")):
+                    continue
+                if re.fullmatch(r"\[[A-Za-z]+\]", line):
+                    section = line
+                    continue
+                assert section and re.match(r"[A-Za-z][A-Za-z0-9]*=", line), f"{unit}:{number}: {line!r}"
+            text = unit.read_text(encoding="utf-8")
+            assert "# Runtime: vLLM " in text and "revision 0123456789abcdef" in text.split("# Runtime: ", 1)[1].split(
+                "\n", 1)[0], text[:800]
