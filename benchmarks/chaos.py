@@ -106,6 +106,8 @@ class Outcome:
     health: dict = field(default_factory=dict)
 
     def verdict(self) -> str:
+        if self.note.startswith("failed: "):
+            return "operation failed"
         if self.recovered_at is None:
             return "not recovered"
         if self.failed_after_recovery:
@@ -396,7 +398,16 @@ def main(argv: list[str] | None = None) -> int:
     def operation(name: str, kind: str, action, bound: float | None = 0, note: str = "") -> bool:
         outcome = Outcome(name, kind, time.perf_counter(), bound=bound, note=note)
         print(f"== {name} ({kind})", flush=True)
-        action()
+        try:
+            action()
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            # A failed operation still gets its row: what the load and /health saw until then.
+            outcome.end = time.perf_counter()
+            outcome.note = f"failed: {str(exc)[-300:]}"
+            judge(outcome, load.snapshot(), args.rate, load.max_concurrency)
+            outcome.health = probe.summary(outcome.start, outcome.end, health_timeout)
+            outcomes.append(outcome)
+            raise
         outcome.end = time.perf_counter()
         outcome.recovered_at = wait_ok(url, args.recovery)
         time.sleep(SETTLE)
