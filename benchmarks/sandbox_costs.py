@@ -85,9 +85,6 @@ TARGETS = {
     "up": "none (reported)",
     "roll": "<= 180 s each, 0 failed (issue #26)",
 }
-# decode-0 as inventories/sandbox/group_vars/decode.yml has it; the roll figure adds an override.
-DECODE_0 = {"name": "decode-0", "port": 8200, "kv_transfer_port": 5700, "cpus": "1"}
-DECODE_1 = {"name": "decode-1", "port": 8201, "kv_transfer_port": 5701, "cpus": "1"}
 
 # Inside a container: the processes of a unit's cgroup, then their /proc/PID/stat lines. cgroup v1
 # keeps systemd's tree under /sys/fs/cgroup/systemd, v2 directly under /sys/fs/cgroup.
@@ -516,8 +513,9 @@ def measure_up(args) -> list[dict]:
 
 
 def measure_roll(args) -> list[dict]:
-    # Only this figure needs the load generator.
+    # Only this figure needs the load generator and the decode pool of two (rolling_restart.py imports this file).
     from bench_load import FrontLoad  # pylint: disable=import-outside-toplevel
+    from rolling_restart import write_inventory  # pylint: disable=import-outside-toplevel
     require_sandbox()
     toml = podman("exec", DECODE_HOST, "cat", "/etc/vllm/decode-0.toml")
     found = re.search(r"^shutdown_timeout = (\d+)$", toml, re.MULTILINE)
@@ -525,11 +523,8 @@ def measure_roll(args) -> list[dict]:
         raise RuntimeError("no shutdown_timeout in decode-0's config.toml")
     changed = int(found.group(1)) + 5
     directory = Path(tempfile.mkdtemp(prefix="inferops-sandbox-costs-"))
-    for name, decode_0 in (("pool", DECODE_0), ("change", dict(DECODE_0, overrides={"shutdown_timeout": changed}))):
-        (directory / name / "host_vars").mkdir(parents=True)
-        (directory / name / "hosts.yml").write_text(json.dumps({"all": {"hosts": {DECODE_HOST: {}}}}))
-        (directory / name / "host_vars" / f"{DECODE_HOST}.yml").write_text(
-            json.dumps({"vllm_instance_instances": [decode_0, DECODE_1]}))
+    inventories = {"pool": write_inventory(),
+                   "change": write_inventory(decode_0_overrides={"shutdown_timeout": changed})}
     command = "source scripts/sandbox/env.sh && exec ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox"
     load = FrontLoad(f"http://{container_ip(ROUTER_HOST)}:{FRONT_PORT}", MODEL, secret("client_api_key"), rate=0.5,
                      timeout=args.timeout)
@@ -541,7 +536,7 @@ def measure_roll(args) -> list[dict]:
     load.start()
     try:
         for name, inventory, timed in steps:
-            extra = f" -i {directory / inventory}" if inventory else ""
+            extra = f" -i {inventories[inventory]}" if inventory else ""
             start = time.perf_counter()
             seconds, rc, output = _run_logged(["bash", "-c", command + extra], directory / f"{name}.log", _up_env())
             rolled = "decode-0 rolled" in strip_ansi(output)
