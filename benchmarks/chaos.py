@@ -12,6 +12,9 @@ One load runs all along: streamed 8-token completions through the front at --rat
 (benchmarks/bench_load.py FrontLoad). First the decode host gets a second instance (decode-1, port 8201, so that a
 decode instance can leave rotation without emptying the pool), then each operation runs in turn and the front must
 answer `ok` (every instance healthy) before the next one; at the end decode-1 leaves again (unless --keep).
+With --pool prefill the prefill host gets the second instance instead (prefill-1, port 8101, KV port 5601, on
+prefill-0's core: three vLLM processes are what the two cores carry): prefill-roll rolls the prefill pool of two
+without downtime, prefill-kill is bounded, and the decode operations hit the only decode instance (outages).
 
 Operations (planned ones must fail no request; a fault may fail what was in flight plus what the routers sent the
 dead instance before their health checks took it out, and nothing after the recovery):
@@ -25,6 +28,7 @@ dead instance before their health checks took it out, and nothing after the reco
   prefill-roll     planned  playbooks/rolling_restart.yml over prefill-0 with vllm_rollout_allow_downtime (the only
                             prefill instance: an outage, no bound); proven against both decode instances first
   decode-kill      fault    SIGKILL of vllm@decode-0 (systemd restarts it)
+  prefill-kill     fault    SIGKILL of vllm@prefill-0 (systemd restarts it; with --pool prefill, prefill-1 serves)
   kv-block         fault    every packet between the prefill and the decode host dropped for --block seconds
                             (on the prefill host, its own nftables table): kv_load_failure_policy recompute must
                             keep the requests answering
@@ -62,7 +66,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_load import FrontLoad, LoadResult, percentile
-from rolling_restart import DECODE_INSTANCES, playbook, write_inventory
+from rolling_restart import DECODE_INSTANCES, playbook, write_host_inventory, write_inventory
 from sandbox_costs import (
     DECODE_HOST,
     FRONT_PORT,
@@ -78,10 +82,16 @@ from sandbox_costs import (
 )
 
 OPERATIONS = ("nginx-reload", "replica-kill", "client-key", "instance-key", "decode-roll", "prefill-roll",
-              "decode-kill", "kv-block", "prefill-restart")
-# Operations on the sandbox's only prefill instance: the service is down until it is back (no bound).
-OUTAGES = {"prefill-roll", "prefill-restart"}
-FAULTS = {"replica-kill", "decode-kill", "kv-block", "prefill-restart"}
+              "decode-kill", "prefill-kill", "kv-block", "prefill-restart")
+# Operations on a pool's only instance: the service is down until it is back (no bound). By the pool of two.
+OUTAGES = {"decode": {"prefill-roll", "prefill-kill", "prefill-restart"},
+           "prefill": {"decode-roll", "decode-kill", "prefill-restart"}}
+FAULTS = {"replica-kill", "decode-kill", "prefill-kill", "kv-block", "prefill-restart"}
+# --pool prefill: the prefill host's instances (the sandbox's prefill-0 and a second one on its core).
+PREFILL_INSTANCES = [
+    {"name": "prefill-0", "port": 8100, "kv_transfer_port": 5600, "cpus": "0"},
+    {"name": "prefill-1", "port": 8101, "kv_transfer_port": 5601, "cpus": "0"},
+]
 # What a fault may fail beyond the requests in flight: the routers' health window (vllm_router defaults:
 # interval 2 s x 2 failures + timeout 5 s), at the load's rate.
 HEALTH_WINDOW = 2 * 2 + 5
@@ -228,9 +238,10 @@ class Chaos:
     def __init__(self, args, load: FrontLoad, url: str, extra: Path, logs: Path):
         self.args, self.load, self.url, self.extra, self.logs = args, load, url, extra, logs
 
-    def deploy(self, name: str, *args: str, two_decodes: bool = True) -> None:
-        """deploy_pd.yml on the sandbox, with decode-1 (the second inventory) unless `two_decodes` is false."""
-        extra = ("-i", str(self.extra)) if two_decodes else ()
+    def deploy(self, name: str, *args: str, pool_of_two: bool = True) -> None:
+        """deploy_pd.yml on the sandbox, with the second instance (the second inventory) unless `pool_of_two` is
+        false."""
+        extra = ("-i", str(self.extra)) if pool_of_two else ()
         seconds, rc, output = playbook("deploy_pd.yml", *extra, *args, log=self.logs / f"{name}.log")
         if rc != 0:
             raise RuntimeError(f"{name}: deploy_pd.yml failed after {seconds:.0f} s (log: {self.logs / name}.log): "
@@ -279,26 +290,22 @@ class Chaos:
         write_secret("instance_api_key", new_key())
         self.deploy("instance-key")
 
-    def decode_roll(self) -> None:
+    def roll(self, role: str) -> None:
+        """rolling_restart.yml over the pool of `role`: both instances of the pool of two, each proven against
+        every instance of the other role (the KV throughput floor) before it goes back; the pool of one with
+        vllm_rollout_allow_downtime (an outage)."""
+        two = self.args.pool == role
+        names = [f"{role}-0", f"{role}-1"] if two else [f"{role}-0"]
         seconds, rc, output = playbook("rolling_restart.yml", "-i", str(self.extra), "-e",
-                                       json.dumps({"vllm_rollout_instances": ["decode-0", "decode-1"]}),
-                                       log=self.logs / "decode-roll.log")
+                                       json.dumps({"vllm_rollout_instances": names,
+                                                   "vllm_rollout_allow_downtime": not two}),
+                                       log=self.logs / f"{role}-roll.log")
         if rc != 0:
-            raise RuntimeError(f"decode-roll: failed after {seconds:.0f} s: {output[-1500:]}")
+            raise RuntimeError(f"{role}-roll: failed after {seconds:.0f} s: {output[-1500:]}")
 
-    def prefill_roll(self) -> None:
-        """The sandbox's one prefill instance rolled (vllm_rollout_allow_downtime): restarted, then proven against
-        each decode instance with the KV throughput floor before it goes back."""
-        seconds, rc, output = playbook("rolling_restart.yml", "-i", str(self.extra), "-e",
-                                       json.dumps({"vllm_rollout_instances": ["prefill-0"],
-                                                   "vllm_rollout_allow_downtime": True}),
-                                       log=self.logs / "prefill-roll.log")
-        if rc != 0:
-            raise RuntimeError(f"prefill-roll: failed after {seconds:.0f} s: {output[-1500:]}")
-
-    def decode_kill(self) -> None:
-        exec_in(DECODE_HOST, "systemctl", "kill", "-s", "KILL", "vllm@decode-0.service")
-        self.wait_back(DECODE_HOST, "vllm@decode-0.service", "http://127.0.0.1:8200/health")
+    def kill(self, container: str, name: str, port: int) -> None:
+        exec_in(container, "systemctl", "kill", "-s", "KILL", f"vllm@{name}.service")
+        self.wait_back(container, f"vllm@{name}.service", f"http://127.0.0.1:{port}/health")
 
     def kv_block(self) -> None:
         decode = container_ip(DECODE_HOST)
@@ -369,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=0.5, help="requests/s through the front")
     parser.add_argument("--block", type=float, default=30.0, help="seconds the KV path is blocked")
     parser.add_argument("--recovery", type=float, default=300.0, help="seconds an operation may take to recover")
-    parser.add_argument("--keep", action="store_true", help="leave decode-1 running at the end")
+    parser.add_argument("--keep", action="store_true", help="leave the second instance running at the end")
+    parser.add_argument("--pool", choices=("decode", "prefill"), default="decode",
+                        help="the pool that gets a second instance (default decode)")
     parser.add_argument("--json", help="write the outcomes here too")
     parser.add_argument("--probe-interval", type=float, default=1.0, help="seconds between two /health probes")
     parser.add_argument("--decode-1-cpus", default=DECODE_INSTANCES[1]["cpus"],
@@ -382,12 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     require_sandbox()
     url = front_url()
     logs = Path(tempfile.mkdtemp(prefix="inferops-chaos-"))
-    extra = write_inventory(decode_1_cpus=args.decode_1_cpus)
+    if args.pool == "prefill":
+        extra = write_host_inventory(PREFILL_HOST, PREFILL_INSTANCES)
+        prefills, decodes = PREFILL_INSTANCES, DECODE_INSTANCES[:1]
+    else:
+        extra = write_inventory(decode_1_cpus=args.decode_1_cpus)
+        prefills, decodes = PREFILL_INSTANCES[:1], DECODE_INSTANCES
     print(f"logs in {logs}", flush=True)
     prefill, decode = container_ip(PREFILL_HOST), container_ip(DECODE_HOST)
     health_timeout = router_health_timeout()
-    probe = HealthProbe({"prefill-0": f"http://{prefill}:8100/health",
-                         **{i["name"]: f"http://{decode}:{i['port']}/health" for i in DECODE_INSTANCES}},
+    probe = HealthProbe({**{i["name"]: f"http://{prefill}:{i['port']}/health" for i in prefills},
+                         **{i["name"]: f"http://{decode}:{i['port']}/health" for i in decodes}},
                         args.probe_interval)
     load = FrontLoad(url, MODEL, secret("client_api_key"), rate=args.rate, timeout=120)
     chaos = Chaos(args, load, url, extra, logs)
@@ -418,15 +432,17 @@ def main(argv: list[str] | None = None) -> int:
         return outcome.recovered_at is not None
 
     try:
-        if not operation("scale-out to 2 decode instances (setup)", "planned", lambda: chaos.deploy("scale-out")):
+        if not operation(f"scale-out to 2 {args.pool} instances (setup)", "planned",
+                         lambda: chaos.deploy("scale-out")):
             raise RuntimeError("the front did not come back after the scale-out")
         actions = {"nginx-reload": chaos.nginx_reload, "replica-kill": chaos.replica_kill,
                    "client-key": chaos.client_key, "instance-key": chaos.instance_key,
-                   "decode-roll": chaos.decode_roll, "prefill-roll": chaos.prefill_roll,
-                   "decode-kill": chaos.decode_kill, "kv-block": chaos.kv_block,
-                   "prefill-restart": chaos.prefill_restart}
+                   "decode-roll": lambda: chaos.roll("decode"), "prefill-roll": lambda: chaos.roll("prefill"),
+                   "decode-kill": lambda: chaos.kill(DECODE_HOST, "decode-0", 8200),
+                   "prefill-kill": lambda: chaos.kill(PREFILL_HOST, "prefill-0", 8100),
+                   "kv-block": chaos.kv_block, "prefill-restart": chaos.prefill_restart}
         for name in chosen:
-            bound = None if name in OUTAGES else 0
+            bound = None if name in OUTAGES[args.pool] else 0
             if not operation(name, "fault" if name in FAULTS else "planned", actions[name], bound=bound):
                 raise RuntimeError(f"{name}: the front did not answer ok within {args.recovery:.0f} s")
     except (RuntimeError, subprocess.SubprocessError) as exc:
@@ -435,8 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             try:
-                operation("scale-in to 1 decode instance (teardown)", "planned",
-                          lambda: chaos.deploy("scale-in", two_decodes=False))
+                operation(f"scale-in to 1 {args.pool} instance (teardown)", "planned",
+                          lambda: chaos.deploy("scale-in", pool_of_two=False))
             except (RuntimeError, subprocess.SubprocessError) as exc:
                 failure = failure or f"scale-in: {exc}"
         result = load.stop()

@@ -61,14 +61,17 @@ TARGETS = {"failed": "0", "ttft": "p99 during the roll <= 5x steady p99"}
 def write_inventory(decode_1_cpus: str | None = None, decode_0_overrides: dict | None = None) -> Path:
     """A second inventory (ansible-playbook -i ... -i THIS) that gives the decode host two instances (decode-1 on
     `decode_1_cpus` and decode-0 with `decode_0_overrides` when given)."""
-    directory = Path(tempfile.mkdtemp(prefix="inferops-roll-"))
-    (directory / "host_vars").mkdir()
-    (directory / "hosts.yml").write_text(json.dumps({"all": {"hosts": {DECODE_HOST: {}}}}))
-    host_vars = directory / "host_vars" / f"{DECODE_HOST}.yml"
     changes = {"decode-0": {"overrides": decode_0_overrides} if decode_0_overrides else {},
                "decode-1": {"cpus": decode_1_cpus} if decode_1_cpus else {}}
-    instances = [dict(i, **changes[i["name"]]) for i in DECODE_INSTANCES]
-    host_vars.write_text(json.dumps({"vllm_instance_instances": instances}))
+    return write_host_inventory(DECODE_HOST, [dict(i, **changes[i["name"]]) for i in DECODE_INSTANCES])
+
+
+def write_host_inventory(host: str, instances: list[dict]) -> Path:
+    """A second inventory (ansible-playbook -i ... -i THIS) that gives `host` these vllm_instance_instances."""
+    directory = Path(tempfile.mkdtemp(prefix="inferops-roll-"))
+    (directory / "host_vars").mkdir()
+    (directory / "hosts.yml").write_text(json.dumps({"all": {"hosts": {host: {}}}}))
+    (directory / "host_vars" / f"{host}.yml").write_text(json.dumps({"vllm_instance_instances": instances}))
     return directory
 
 
