@@ -1856,6 +1856,7 @@ def launcher_problems(published: Mapping[str, Any], host: str, variables: Mappin
 # holds them), and the variable that sets each. The vLLM version is not here: an upgrade rolls (docs/day2.md).
 PARITY_TOML_KEYS = (
     (("model", "name"), "vllm_instance_model, vllm_instance_model_revision"),
+    (("model", "identity"), "vllm_instance_model, vllm_instance_model_revision"),
     (("model", "dtype"), "vllm_instance_dtype"),
     (("model", "quantization"), "vllm_instance_quantization"),
     (("model", "max_model_len"), "vllm_instance_max_model_len"),
@@ -1865,6 +1866,9 @@ PARITY_TOML_KEYS = (
     (("kv_fabric", "transport"), "vllm_instance_kv_transport"),
 )
 
+
+# Keys whose absence on one side says nothing (config.toml files of earlier releases have no [model] identity).
+UNKNOWN_BEFORE_IS_SAME = {("model", "identity")}
 
 # An instance's ports as its config.toml holds them, and the key of vllm_instance_instances[] that sets each.
 PORT_TOML_KEYS = ((("server", "port"), "port"), (("pd_disaggregation", "kv_transfer_port"), "kv_transfer_port"))
@@ -1904,6 +1908,8 @@ def parity_change_problems(published: Mapping[str, Any], host: str, running: Map
         new, _sources, _unrenderable = _launcher_config(inv, inst)
         for (section, key), variable in PARITY_TOML_KEYS:
             before, after = _toml_value(old, section, key), _toml_value(new, section, key)
+            if (section, key) in UNKNOWN_BEFORE_IS_SAME and (before is None or after is None):
+                continue  # an older release's file, or an identity this run cannot know: the path decides
             if before != after:
                 changes.setdefault(variable, []).append(
                     f"{inst.name} {_shown_or_unset(before)} -> {_shown_or_unset(after)}")

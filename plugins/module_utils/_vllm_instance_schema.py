@@ -175,6 +175,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "model": {
         "name": Key("str"),
+        # Which weights: "copy <fingerprint>" (a controller directory) or "revision <commit>" (a hub model). No flag:
+        # the preflight compares it with a running instance's (prefill and decode must load the same weights).
+        "identity": Key("str"),
         "revision": Key("str", flag="--revision"),
         "dtype": Key("str", flag="--dtype", choices=VOCAB.DTYPES, setting="dtype"),
         "max_model_len": Key("int", flag="--max-model-len", minimum=1, setting="max_model_len", omit="not_positive"),

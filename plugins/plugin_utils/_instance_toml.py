@@ -54,6 +54,7 @@ TOML_SOURCES = {
     "model": "vllm_instance_model",
     "model.name": "vllm_instance_model",
     "model.revision": "vllm_instance_model_revision",
+    "model.identity": "vllm_instance_model",
     "kv_cache": "vllm_instance_instances",
     "scheduler": "vllm_instance_instances",
     "pd_disaggregation": "vllm_instance_pd_role",
@@ -232,6 +233,7 @@ VALUES: dict[tuple[str, str], Callable[[Mapping, Mapping], Any]] = {
     ("server", "api_keys_file"): lambda i, h: f"{h['config_dir']}/api-keys" if as_bool(h["api_key_set"]) else OMIT,
     ("server", "allowed_media_domains"): _media_domains,
     ("model", "name"): lambda i, h: h["model_path"],
+    ("model", "identity"): lambda i, h: text(h.get("model_identity")) or OMIT,
     ("pd_disaggregation", "enabled"): lambda i, h: h["pd_role"] != "none",
     **{("pd_disaggregation", key): _pd(key)
        for key in ("role", "kv_transfer_backend", "side_channel_host", "kv_transfer_port")},
@@ -251,6 +253,9 @@ COMMENTS = {
         "drop-in vllm@{name}.service.d/{stop_dropin} waits {stop_margin} s longer.",
     ("server", "allowed_media_domains"):
         "Hosts whose http(s) media URLs a multimodal request may make vLLM fetch (exact names); [] = none.",
+    ("model", "identity"):
+        "The weights in that directory (the copy's fingerprint, or the hub revision): prefill and decode must\n"
+        "load the same ones, so a change on running instances is refused (no rolling restart can carry it).",
     ("kv_cache", "quant_dtype"): "The sources' quant_dtype: the KV cache dtype (fp8 halves KV memory).",
     ("pd_disaggregation", "side_channel_host"): "NIXL side channel: peers connect here to exchange KV metadata.",
     ("pd_disaggregation", "kv_load_failure_policy"):
@@ -319,7 +324,8 @@ def render_text(instance: Mapping[str, Any], settings: Mapping[str, Any], host: 
     ``instance``: its entry in vllm_instance_instances as placed (name, port, kv_transfer_port; cpus, gpus,
     kv_fabric when it has them). ``settings``: the per-instance settings (_vllm_instance_settings updated by
     its overrides; environment and extra_args included). ``host``: pd_role, bind_host, served_model_name,
-    api_key_set, config_dir, allowed_media_domains, model_path, kv_transfer_backend, host_address, cpu_build,
+    api_key_set, config_dir, allowed_media_domains, model_path, model_identity (may be empty: not written),
+    kv_transfer_backend, host_address, cpu_build,
     inventory_hostname, and for the comments managed, venv, launcher, stop_dropin, stop_margin (HOST_DEFAULTS).
     Raises RenderError for a value no TOML can be rendered from.
     """
@@ -436,6 +442,7 @@ def render(inst: Instance, variables: Variables | None
         "config_dir": text(role_var(variables, "vllm_instance_config_dir")),
         "allowed_media_domains": role_var(variables, "vllm_instance_allowed_media_domains"),
         "model_path": _model_path(inst, variables),
+        "model_identity": text(pub.get("model_identity")),
         "kv_transfer_backend": pub.get("kv_transfer_backend", "nixl"),
         "host_address": side_channel_host(inst, variables),
         "cpu_build": inst.variant == "cpu",

@@ -93,8 +93,9 @@ def test_download_once_with_the_token_as_an_argument(tmp_path, env):
     assert result["changed"] is True and result["commit"] == COMMIT and result["files"] == 1
     assert hub.requests == [(f"/api/models/{MODEL}/revision/{COMMIT}", f"Bearer {TOKEN}")]
     [call] = calls(tmp_path)
-    assert call == {"repo_id": MODEL, "revision": COMMIT, "local_dir": str(tmp_path / "model"), "token": TOKEN,
-                    "endpoint": hub.url, "environ_token": None}
+    # Downloaded beside the model directory, which it then replaced (test_a_new_revision_replaces_the_old_whole).
+    assert call == {"repo_id": MODEL, "revision": COMMIT, "token": TOKEN, "endpoint": hub.url, "environ_token": None,
+                    "local_dir": str(tmp_path / f"model.inferops-download-{COMMIT}")}
     assert (tmp_path / "model" / f".inferops-complete-{COMMIT}").is_file()
     assert TOKEN not in first.stdout + first.stderr
     # Present: nothing asked, nothing downloaded, even with the hub out of reach.
@@ -110,3 +111,28 @@ def test_a_failed_download_says_so_without_the_token(tmp_path, env):
     assert run.stderr == (f"inferops_hf_fetch: cannot download model {MODEL} at revision {COMMIT} from {hub.url}: "
                           "RuntimeError: simulated download failure with token <token>\n")
     assert not list((tmp_path / "model").glob(".inferops-complete-*"))
+
+
+def test_a_new_revision_replaces_the_old_one_whole_and_a_failed_one_leaves_it_alone(tmp_path, env):
+    """Issue #24: the instances load --dest, so a download never goes into it. A failed download of a new revision
+    leaves the old revision's files as they were (its directory stays for the next run); a finished one takes
+    the place of --dest whole: no file of the old revision is left beside the new ones."""
+    newer = "fedcba9876543210fedcba9876543210fedcba98"
+    dest = tmp_path / "model"
+    with FakeHub({MODEL: COMMIT}) as hub:
+        assert fetch(tmp_path, env, "--endpoint", hub.url).returncode == 0
+    (dest / "only-in-the-old-revision.safetensors").write_text("old weights")
+    before = sorted(p.name for p in dest.iterdir())
+    with FakeHub({MODEL: newer}) as hub:
+        failed = fetch(tmp_path, {**env, "INFEROPS_STUB_FAIL": "1"}, "--endpoint", hub.url, "--revision", newer)
+        assert failed.returncode == 5, failed.stderr
+        assert sorted(p.name for p in dest.iterdir()) == before
+        assert (dest / f".inferops-complete-{COMMIT}").is_file()
+        assert (tmp_path / f"model.inferops-download-{newer}").is_dir()  # resumed by the next run
+        # A stopped download of yet another revision is removed by the run that finishes this one.
+        (tmp_path / f"model.inferops-download-{'9' * 40}").mkdir()
+        done = fetch(tmp_path, env, "--endpoint", hub.url, "--revision", newer)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["changed"] is True
+    assert sorted(p.name for p in dest.iterdir()) == [f".inferops-complete-{newer}", "config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == ["model"]

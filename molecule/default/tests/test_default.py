@@ -91,6 +91,16 @@ def test_config_maps_roles_to_kv_roles(prefill_host, decode_host):
         assert 'kv_transfer_backend = "nixl"' in text
     # No peer lists: only the router needs them, and a new peer host must restart no instance.
     assert "prefill_instances" not in p + d and "decode_instances" not in p + d
+    # The weights each side loads (issue #24): the same copy, whose marker is in the model directory the instances
+    # load, and no copy left half made beside it.
+    identities = {re.search(r'^identity = "copy ([0-9a-f]{64})"$', text, re.MULTILINE).group(1) for text in (p, d)}
+    assert len(identities) == 1, identities
+    (fingerprint,) = identities
+    for host, text in ((prefill_host, p), (decode_host, d)):
+        model_dir = re.search(r'^name = "([^"]+)"$', text, re.MULTILINE).group(1)
+        assert host.file(f"{model_dir}/.inferops-model-{fingerprint}").exists
+        assert not host.file(f"{model_dir}.inferops-copy").exists
+        assert not host.file(f"{model_dir}.inferops-previous").exists
     check = prefill_host.run(f"{LAUNCH} /etc/vllm/prefill-0.toml")
     assert check.rc == 0, check.stderr
     assert '"kv_role":"kv_producer"' in check.stdout

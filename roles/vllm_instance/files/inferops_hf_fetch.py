@@ -13,9 +13,15 @@ Run on the vLLM host with the vLLM venv's Python (huggingface_hub is a dependenc
   (GET <endpoint>/api/models/<model>/revision/<revision>), so that an unreachable hub, a refused or
   missing token, a gated model, or a model or revision that does not exist is one clear line naming the
   model, the revision and the hub, and exit status 3 (unreachable) or 4 (refused or not found).
-- Then huggingface_hub's snapshot_download fetches the files into --dest; a failure there is exit status 5.
-- Done: a marker `.inferops-complete-<revision>` in --dest. With the marker there, nothing is asked or
-  downloaded (exit 0, "changed": false), so a re-run works without the hub.
+- Then huggingface_hub's snapshot_download fetches the files into a directory beside --dest,
+  `<dest>.inferops-download-<revision>` (a failure there is exit status 5), never into --dest itself: the
+  instances load --dest, and a download stopped halfway, or a new revision over an older one, would leave
+  them a mix of two revisions' files. A download stopped halfway is resumed from there by the next run;
+  the directories of other revisions' stopped downloads are removed.
+- Done: a marker `.inferops-complete-<revision>` in the download's directory, which then takes the place
+  of --dest (two renames; running instances keep the files they opened, the older revision's directory is
+  removed). With the marker in --dest, nothing is asked or downloaded (exit 0, "changed": false), so a
+  re-run works without the hub.
 
 The last line of standard output is JSON: {"changed": bool, "model", "revision", "commit", "files", "bytes"}.
 Standard library only, besides huggingface_hub for the download itself.
@@ -27,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 import urllib.error
 import urllib.parse
@@ -39,6 +46,21 @@ EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_DOWNLOAD = 3, 4, 5
 
 def marker(dest: Path, revision: str) -> Path:
     return dest / (".inferops-complete-" + revision.replace("/", "_"))
+
+
+def staging(dest: Path, revision: str) -> Path:
+    """Where a revision is downloaded before it takes the place of `dest`."""
+    return dest.with_name(dest.name + ".inferops-download-" + revision.replace("/", "_"))
+
+
+def put_in_place(new: Path, dest: Path) -> None:
+    """`new` takes the place of `dest`: the instances find either the whole old revision or the whole new one."""
+    previous = dest.with_name(dest.name + ".inferops-previous")
+    shutil.rmtree(previous, ignore_errors=True)
+    if dest.exists():
+        dest.rename(previous)
+    new.rename(dest)
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def redact(text: str, token: str) -> str:
@@ -117,14 +139,27 @@ def fetch(args: argparse.Namespace) -> dict:
     if re.fullmatch(r"[0-9a-f]{40}", args.revision) and commit and commit != args.revision:
         raise Failure(EXIT_REFUSED, f"cannot download model {args.model}: the hub answered commit {commit} for "
                                     f"revision {args.revision}.")
-    dest.mkdir(parents=True, exist_ok=True)
-    download(args.model, args.revision, dest, token, endpoint)
-    files = [p for p in dest.rglob("*") if p.is_file() and ".cache" not in p.relative_to(dest).parts]
-    for old in dest.glob(".inferops-complete-*"):
+    new = staging(dest, args.revision)
+    for other in dest.parent.glob(glob_escape(dest.name) + ".inferops-download-*"):
+        if other != new:
+            shutil.rmtree(other, ignore_errors=True)
+    new.mkdir(parents=True, exist_ok=True)
+    # The parent's mode and group (the role's models directory) keep the files from other users.
+    download(args.model, args.revision, new, token, endpoint)
+    files = [p for p in new.rglob("*") if p.is_file() and ".cache" not in p.relative_to(new).parts]
+    size = sum(p.stat().st_size for p in files)
+    for old in new.glob(".inferops-complete-*"):
         old.unlink()
-    done.write_text(json.dumps({"model": args.model, "revision": args.revision, "commit": commit}) + "\n")
-    result.update(changed=True, commit=commit, files=len(files), bytes=sum(p.stat().st_size for p in files))
+    marker(new, args.revision).write_text(
+        json.dumps({"model": args.model, "revision": args.revision, "commit": commit}) + "\n")
+    put_in_place(new, dest)
+    result.update(changed=True, commit=commit, files=len(files), bytes=size)
     return result
+
+
+def glob_escape(name: str) -> str:
+    """`name` as a literal in a glob pattern."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,14 +13,14 @@ from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_instance_toml import defaults
 
 
-def published(**settings: Any) -> dict[str, Any]:
+def published(model_identity: str = "", **settings: Any) -> dict[str, Any]:
     host_settings = {**defaults(), "kv_buffer_device": "cpu", **settings}
     del host_settings["environment"], host_settings["extra_args"]  # publish.yml leaves them out
     instances = [{"name": name, "port": port, "kv_transfer_port": kv, "overrides": {}, "settings": host_settings}
                  for name, port, kv in (("decode-0", 8200, 5700), ("decode-1", 8201, 5701))]
     return {"pd_role": "decode", "address": "10.0.0.21", "served_model_name": "m", "instances": instances,
             "settings": host_settings, "model": "org/m", "model_is_local": False, "kv_transfer_backend": "nixl",
-            "vllm_variant": "cpu", "api_key_set": False}
+            "vllm_variant": "cpu", "api_key_set": False, "model_identity": model_identity}
 
 
 def running_toml(record: dict[str, Any], name: str) -> str:
@@ -79,3 +79,30 @@ def test_a_port_change_of_a_running_instance_is_refused_with_the_way(setting, va
                            f"({old} -> {value})"), line
     assert "under a new name" in line and "vllm_instance_restart_strategy=immediate" in line
     assert pf.parity_change_problems(before, "d1", running) == []
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    ("revision " + "a" * 40, "revision " + "b" * 40),  # a hub model's new revision
+    ("copy " + "1" * 64, "copy " + "2" * 64),  # a controller directory with other files
+])
+def test_other_weights_on_running_instances_are_refused(before, after):
+    """Issue #24: a new model revision or copy keeps the model's directory (its path), so [model] name does not
+    change; [model] identity does, and a roll would have decode continue KV that prefill computed with other
+    weights."""
+    running = {name: running_toml(published(model_identity=before), name) for name in ("decode-0", "decode-1")}
+    assert f'identity = "{before}"' in running["decode-0"]
+    assert pf.parity_change_problems(published(model_identity=before), "d1", running) == []
+    (line,) = pf.parity_change_problems(published(model_identity=after), "d1", running)
+    assert line.startswith("[parity] d1: vllm_instance_model, vllm_instance_model_revision: changes on running "
+                           f"instances (decode-0 '{before}' -> '{after}'; decode-1 "), line
+    assert "vllm_instance_restart_strategy=immediate" in line and "second deployment" in line
+
+
+def test_a_running_config_without_an_identity_is_not_a_change():
+    """A config.toml of an earlier release has no [model] identity: the first run of this one writes it (a roll),
+    without refusing; nor is an identity this run cannot know (a record published before the preflight)."""
+    running = {"decode-0": running_toml(published(), "decode-0")}
+    assert "identity" not in running["decode-0"]
+    assert pf.parity_change_problems(published(model_identity="copy " + "1" * 64), "d1", running) == []
+    running = {"decode-0": running_toml(published(model_identity="copy " + "1" * 64), "decode-0")}
+    assert pf.parity_change_problems(published(), "d1", running) == []
