@@ -28,10 +28,8 @@ usage() {
   cat <<EOF
 usage: bash scripts/test.sh [--only STAGE[,STAGE...]] [--skip STAGE|FILE[,...]] [--list]
 
-stages (all by default). The sandbox images, wheelhouses and model are made beside the tools venv, lint and
-build; sanity runs in the background beside lint and build. With the molecule stage, the unit, driver and gateway
-stages run beside it from the end of its converge, at a low CPU priority (its output is shown when they end);
-without it, unit runs in the foreground and driver and gateway beside it:
+stages (all by default; sanity runs in the background beside lint, build and unit, driver and gateway beside unit;
+the sandbox images, wheelhouses and model are made beside the tools venv, lint and build):
   lint      yamllint --strict, ansible-lint (production profile), ruff, shellcheck
   sanity    ansible-test sanity on the collection's plugins
   build     the collection artifact built and installed; ansible-doc of every module, filter and role;
@@ -39,7 +37,8 @@ without it, unit runs in the foreground and driver and gateway beside it:
   unit      pytest tests/unit (pytest-xdist, both cores)
   driver    molecule test -s nvidia_driver (the NVIDIA driver role in Debian and Ubuntu containers)
   gateway   tests/gateway/run.sh (the front's fallback semantics on real nginx + njs)
-  molecule  molecule test -s default: real vLLM, NIXL, vllm-router, nginx in four containers
+  molecule  molecule -s default's test sequence, a step at a time: real vLLM, NIXL, vllm-router, nginx in four
+            containers
 --skip also takes molecule/default/tests file names for the molecule stage:$(verify_files)
 EOF
 }
@@ -112,12 +111,10 @@ main() {
   export INFEROPS_TEST_LOG_DIR
   INFEROPS_TEST_LOG_DIR="$(mktemp -d /tmp/inferops-test-logs.XXXXXX)"
 
-  # Background stages: ansible-test sanity (one core most of its time) runs beside lint and build. With the
-  # molecule stage, the unit stage, the driver scenario (apt and podman exec, little CPU) and the gateway checks
-  # (one nginx container) run beside molecule from the end of its converge, at a low CPU priority; without it,
-  # the driver and gateway beside the unit stage. Each writes a log shown when they have all ended. The driver
-  # scenario creates its network long after the default one has its own: two networks created at the same moment
-  # can get the same bridge.
+  # Background stages: ansible-test sanity (one core most of its time) runs beside lint, build and the unit
+  # stage; the driver scenario (apt and podman exec, little CPU) and the gateway checks (one nginx container),
+  # which need the images, beside the unit stage. Each writes a log shown when they have all ended, and all end
+  # before the default scenario creates its network (two networks created at once could pick the same bridge).
   local bg_dir bg_pids=()
   bg_dir="$(mktemp -d)"
   background() {  # background NAME COMMAND...: run it, keep its output, its time and its exit status
@@ -127,24 +124,6 @@ main() {
       echo "$name (in the background)|$(( $(date +%s) - t ))|$r" >"$bg_dir/$name.time"; exit $r ) &
     bg_pids+=($!)
     stage "started in the background: $name"
-  }
-  # low_priority COMMAND...: runs it in a session of its own at nice 10. A session is a scheduler autogroup of
-  # its own (kernel.sched_autogroup_enabled), and an autogroup's nice is what weighs against the molecule
-  # containers (their cgroup) and the molecule tests' processes (their session's autogroup): about a tenth of
-  # their weight, so the command takes what they leave idle and slows them little when they need both cores.
-  # Its session's id goes to $bg_dir/sessions, for stop_background.
-  # shellcheck disable=SC2016,SC2317  # $$ and $1 are the inner shell's; called through background
-  low_priority() {
-    setsid -w bash -c 'echo "$$" >>"$1/sessions"; echo 10 >/proc/self/autogroup 2>/dev/null || true
-      shift; exec nice -n 10 "$@"' low_priority "$bg_dir" "$@"
-  }
-  # stop_background: an interrupted run stops what low_priority started (its own sessions miss the terminal's
-  # signals).
-  # shellcheck disable=SC2317  # called from the EXIT trap
-  stop_background() {
-    local sid
-    [ -f "${bg_dir:-}/sessions" ] || return 0
-    while read -r sid; do pkill -s "$sid" 2>/dev/null || true; done <"$bg_dir/sessions"
   }
   if has sanity; then background sanity "$REPO_ROOT/scripts/sanity.sh"; fi
 
@@ -169,57 +148,18 @@ main() {
     echo "failed: the sandbox setup (its output is above)" >&2
     return 1
   fi
-  # With the molecule stage, the unit, driver and gateway stages run beside it, in the background at a low CPU
-  # priority (low_priority), from the end of its converge: converge keeps both cores busy, while idempotence
-  # and verify leave a third of them idle (vLLM instances waiting for requests, the tests waiting for
-  # restarts). Without the molecule stage they run as before: the unit stage in the foreground, the driver
-  # and gateway stages beside it.
-  beside_molecule() {
-    if has driver; then background driver low_priority molecule test -s nvidia_driver; fi
-    if has gateway; then background gateway low_priority bash tests/gateway/run.sh; fi
-    if has unit && [ "$fg_rc" -eq 0 ]; then
-      background unit low_priority pytest -q -n 2 --dist loadfile --durations=15 tests/unit
-    fi
-  }
-  if ! has molecule; then
-    if has driver; then background driver molecule test -s nvidia_driver; fi
-    if has gateway; then background gateway bash tests/gateway/run.sh; fi
-    if has unit && [ "$fg_rc" -eq 0 ]; then
-      stage "unit tests (pytest-xdist, 2 workers)"
-      timed unit pytest -q -n 2 --dist loadfile --durations=15 tests/unit || fg_rc=1
-    fi
+  if has driver; then background driver molecule test -s nvidia_driver; fi
+  if has gateway; then background gateway bash tests/gateway/run.sh; fi
+  if has unit && [ "$fg_rc" -eq 0 ]; then
+    stage "unit tests (pytest-xdist, 2 workers)"
+    timed unit pytest -q -n 2 --dist loadfile --durations=15 tests/unit || fg_rc=1
   fi
-
-  local mol_rc=0
-  if has molecule && [ "$fg_rc" -eq 0 ]; then
-    # molecule/default/prepare.yml starts a package index (the decode host installs from it); the background
-    # stages run in sessions of their own (low_priority), so an interrupted run stops them here.
-    trap '"$REPO_ROOT/scripts/sandbox/index_server.sh" stop >/dev/null 2>&1 || true; stop_background' EXIT
-    stage "molecule -s default: destroy, create, prepare, converge${verify_skip:+ (verify without:$verify_skip)}"
-    # molecule test's sequence (molecule.yml), step by step: the background stages start after converge.
-    timed "molecule: destroy, create, prepare" molecule_steps destroy create prepare &&
-      timed "molecule: converge" molecule converge -s default || mol_rc=1
-    stage "started beside molecule, at a low CPU priority: $(for s in unit driver gateway; do
-      has "$s" && printf '%s ' "$s"; done)"
-    beside_molecule
-    if [ "$mol_rc" -eq 0 ]; then
-      stage "molecule -s default: idempotence"
-      timed "molecule: idempotence" molecule idempotence -s default || mol_rc=1
-    fi
-    if [ "$mol_rc" -eq 0 ]; then
-      stage "molecule -s default: verify${verify_skip:+ (without:$verify_skip)}"
-      INFEROPS_VERIFY_SKIP="${verify_skip# }" timed "molecule: verify" molecule verify -s default || mol_rc=1
-    fi
-    stage "molecule -s default: destroy"
-    timed "molecule: destroy" molecule destroy -s default || mol_rc=1
-  fi
-
   local bg_rc=0 pid name
   if [ ${#bg_pids[@]} -gt 0 ]; then
     t0=$(date +%s)
     for pid in "${bg_pids[@]}"; do wait "$pid" || bg_rc=1; done
     times+=("(waiting for the background stages)|$(( $(date +%s) - t0 ))|0")
-    for name in sanity driver gateway unit; do
+    for name in sanity driver gateway; do
       [ -f "$bg_dir/$name.log" ] || continue
       stage "$name (ran in the background): its output"
       cat "$bg_dir/$name.log"
@@ -227,22 +167,29 @@ main() {
     done
   fi
   rm -rf "$bg_dir"
-  if has molecule && [ "$fg_rc" -eq 0 ]; then playbook_recaps; fi
-  if [ "$fg_rc" -ne 0 ] || [ "$bg_rc" -ne 0 ] || [ "$mol_rc" -ne 0 ]; then
+  if [ "$fg_rc" -ne 0 ] || [ "$bg_rc" -ne 0 ]; then
     report_times
     echo "failed: see the FAILED rows above (a background stage's output is shown above its row)" >&2
     return 1
   fi
 
+  if has molecule; then
+    # molecule/default/prepare.yml starts a package index (the decode host installs from it).
+    trap '"$REPO_ROOT/scripts/sandbox/index_server.sh" stop >/dev/null 2>&1 || true' EXIT
+    # molecule test's sequence (molecule.yml's test_sequence), step by step: a row per step in the time table.
+    local mol_rc=0 step
+    for step in destroy create prepare converge idempotence verify; do
+      stage "molecule $step -s default${verify_skip:+ (verify without:$verify_skip)}"
+      INFEROPS_VERIFY_SKIP="${verify_skip# }" timed "molecule: $step" molecule "$step" -s default || { mol_rc=1; break; }
+    done
+    stage "molecule destroy -s default"
+    timed "molecule: destroy" molecule destroy -s default || mol_rc=1
+    playbook_recaps
+    if [ "$mol_rc" -ne 0 ]; then report_times; return 1; fi
+  fi
+
   report_times
   stage "all stages passed: $stages"
-}
-
-# molecule_steps STEP...: the steps of molecule/default's test sequence, one after the other.
-# shellcheck disable=SC2317  # called through timed
-molecule_steps() {
-  local step
-  for step in "$@"; do molecule "$step" -s default || return 1; done
 }
 
 # shellcheck disable=SC2317  # called through timed
