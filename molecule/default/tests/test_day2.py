@@ -235,6 +235,31 @@ def test_a_shared_setting_change_is_refused_before_any_host_changes(prefill_host
     assert decode_host.file("/etc/vllm/decode-0.toml").content_string == toml
 
 
+def test_other_weights_in_the_same_model_directory_are_refused_before_any_host_changes(tmp_path, decode_host):
+    """Issue #24: a controller model directory with other files (here one file more, the others hard links) keeps the
+    directory's name on the hosts, so [model] name does not change; its copy's fingerprint ([model] identity) does,
+    and a roll would have decode continue KV that prefill computed with other weights: refused before any change,
+    and nothing copied."""
+    cache = os.environ.get("INFEROPS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ["HOME"], ".cache"), "inferops-vllm")
+    model = os.path.realpath(os.path.join(cache, "sandbox", "model"))
+    other = tmp_path / os.path.basename(model)
+    subprocess.run(["cp", "-al", model, str(other)], check=True)
+    (other / "README.other-weights").write_text("one file more: another copy\n")
+    toml = decode_host.file("/etc/vllm/decode-0.toml").content_string
+    before = decode_host.check_output("ls -a /var/lib/vllm/models")
+    run = deploy_playbook(os.path.join(EPHEMERAL, "inventory"), "deploy_pd.yml", "-e", f"vllm_instance_model={other}")
+    output = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode != 0, output[-3000:]
+    found = re.search(r"\[parity\] molecule-decode: vllm_instance_model, vllm_instance_model_revision: changes on "
+                      r"running instances \(decode-0 'copy ([0-9a-f]{64})' -> 'copy ([0-9a-f]{64})'; decode-1 ", output)
+    assert found and found.group(1) != found.group(2), output[-3000:]
+    assert f'identity = "copy {found.group(1)}"' in toml
+    assert not re.search(r"changed=[1-9]", output), output[-2000:]
+    assert decode_host.file("/etc/vllm/decode-0.toml").content_string == toml
+    assert decode_host.check_output("ls -a /var/lib/vllm/models") == before
+
+
 def test_one_deploy_pd_run_scales_in_and_out_rolls_a_changed_instance_rotates_the_keys_and_adds_fallbacks(
         inventory, load, prefill_host, decode_host, router_host, prefill_url, front_url):
     """deploy_pd.yml with decode-1 gone, decode-2 added, decode-0's shutdown_timeout changed, a new instance key, a
