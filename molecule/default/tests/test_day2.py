@@ -1,7 +1,8 @@
 """Day-2 operations under steady client load: one deploy_pd.yml run that scales the decode pool in (decode-1
 leaves) and out (decode-2 joins), rolls decode-0 whose setting changed and gives the front its fallback, all at
 once; the decode pool rolled with playbooks/rolling_restart.yml; a failing rollout stopped; a one-instance pool
-refused; a decode instance killed with SIGKILL.
+refused, and rolled with the downtime allowed (proven against every decode instance first); a decode instance
+killed with SIGKILL.
 
 One load runs through the whole file (module fixture `load`): streaming completions sent from this process
 through the front (benchmarks/bench_load.py FrontLoad: no vLLM import on the two busy cores, every request's
@@ -387,6 +388,30 @@ def test_a_pool_of_one_instance_is_refused_without_allow_downtime(inventory, pre
     assert "prefill-0 is the only prefill instance" in output, output[-3000:]
     assert "vllm_rollout_allow_downtime=true" in output
     assert unit_start(prefill_host, "vllm@prefill-0") == before
+
+
+def test_a_restarted_prefill_is_proven_against_every_decode_before_it_takes_traffic(inventory, load, prefill_host):
+    """Issue #24 point 4: the sandbox's only prefill instance rolled with vllm_rollout_allow_downtime (an outage: the
+    load's requests fail or fall back meanwhile, bounded by the outage's length): restarted, then proven with direct
+    handoffs to each decode instance, each judged against the KV throughput floor (the proof fails below it), before
+    it is put back into the routers; nothing fails once it is back."""
+    before = unit_start(prefill_host, "vllm@prefill-0")
+    start = time.perf_counter()
+    run = playbook(inventory, "rolling_restart.yml", "-e", '{"vllm_rollout_instances": ["prefill-0"]}',
+                   "-e", "vllm_rollout_allow_downtime=true")
+    end = time.perf_counter()
+    OPERATIONS.append(Operation("rolling_restart.yml of prefill-0, the pool of one (an outage)", start, end,
+                                max_failed=load.max_concurrency + load.rate * (end - start), quiet_after=end))
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert unit_start(prefill_host, "vllm@prefill-0") != before
+    assert "prefill-0 rolled" in output, output[-3000:]
+    # After its restart and before it went back: one proof per decode instance (task headers and their items only:
+    # the profile_tasks recap repeats task names).
+    rolled = output[output.index("TASK [inferops.vllm.vllm_rollout : Restart the instance prefill-0]"):]
+    rolled = rolled[:rolled.index("TASK [inferops.vllm.vllm_rollout : Put the instance back")]
+    proof = rolled[rolled.index("TASK [inferops.vllm.vllm_rollout : Prove that the instance hands KV over"):]
+    assert sorted(re.findall(r"\(item=(decode-\d+)\)", proof)) == sorted(POOL), proof[-2000:]
 
 
 def test_a_killed_decode_instance_comes_back_into_rotation(load, decode_host, router_host, front_url):
