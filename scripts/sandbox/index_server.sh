@@ -75,6 +75,15 @@ make_extras() {
   mv "$EXTRAS_DIR.tmp" "$EXTRAS_DIR"
 }
 
+# has_address ADDRESS: whether an interface of this machine has ADDRESS. Not `ip ... | grep -q`: under pipefail,
+# grep's early exit can end ip with SIGPIPE, and the pipeline then fails although the address is there (seen:
+# molecule's prepare stopped with "the gateway ... is not on any interface" 0.2 s after finding it).
+has_address() {
+  local addresses
+  addresses="$(ip -o addr show)"
+  [[ "$addresses" == *" $1/"* ]]
+}
+
 bind_address() {
   local network gateway
   if [ -n "${INFEROPS_INDEX_BIND:-}" ]; then
@@ -88,10 +97,10 @@ bind_address() {
   [ -n "$gateway" ] || die "Podman network $network has no gateway address"
   # The bridge (and its address) appears with the network's first container: wait a little for it.
   for _ in $(seq 30); do
-    ip -o addr show | grep -qF " $gateway/" && break
+    has_address "$gateway" && break
     sleep 1
   done
-  ip -o addr show | grep -qF " $gateway/" ||
+  has_address "$gateway" ||
     die "the gateway $gateway of $network is not on any interface of this machine yet (the bridge appears with the network's first container): start the index after molecule's create"
   printf '%s\n' "$gateway"
 }
