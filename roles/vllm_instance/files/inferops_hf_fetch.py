@@ -30,6 +30,7 @@ Standard library only, besides huggingface_hub for the download itself.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -140,7 +141,7 @@ def fetch(args: argparse.Namespace) -> dict:
         raise Failure(EXIT_REFUSED, f"cannot download model {args.model}: the hub answered commit {commit} for "
                                     f"revision {args.revision}.")
     new = staging(dest, args.revision)
-    for other in dest.parent.glob(glob_escape(dest.name) + ".inferops-download-*"):
+    for other in dest.parent.glob(glob.escape(dest.name) + ".inferops-download-*"):
         if other != new:
             shutil.rmtree(other, ignore_errors=True)
     new.mkdir(parents=True, exist_ok=True)
@@ -155,11 +156,6 @@ def fetch(args: argparse.Namespace) -> dict:
     put_in_place(new, dest)
     result.update(changed=True, commit=commit, files=len(files), bytes=size)
     return result
-
-
-def glob_escape(name: str) -> str:
-    """`name` as a literal in a glob pattern."""
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def main(argv: list[str] | None = None) -> int:
