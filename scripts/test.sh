@@ -91,10 +91,18 @@ main() {
   # those reads them. The unit, driver, gateway and molecule stages start once they are there.
   local setup_dir setup_pid
   setup_dir="$(mktemp -d)"
-  ( t=$(date +%s); r=0
-    { "$REPO_ROOT/scripts/sandbox/setup.sh" image && "$REPO_ROOT/scripts/sandbox/setup.sh" wheelhouse &&
-      "$REPO_ROOT/scripts/sandbox/setup.sh" model &&
-      if has driver; then "$REPO_ROOT/scripts/sandbox/setup.sh" ubuntu-image; fi; } >"$setup_dir/log" 2>&1 || r=$?
+  # Two chains at once, which share nothing: the images (debootstrap and dpkg, the mirror's speed) and the
+  # downloads (the wheelhouses from PyPI, then the model converted with them). One after the other they took 252 s
+  # of a fresh run, 132 s of it with the foreground waiting.
+  ( t=$(date +%s); r=0; ri=0
+    { "$REPO_ROOT/scripts/sandbox/setup.sh" image &&
+      if has driver; then "$REPO_ROOT/scripts/sandbox/setup.sh" ubuntu-image; fi; } >"$setup_dir/images.log" 2>&1 &
+    images=$!
+    { "$REPO_ROOT/scripts/sandbox/setup.sh" wheelhouse && "$REPO_ROOT/scripts/sandbox/setup.sh" model; } \
+      >"$setup_dir/log" 2>&1 || r=$?
+    wait "$images" || ri=$?
+    cat "$setup_dir/images.log" >>"$setup_dir/log"
+    [ "$r" -ne 0 ] || r=$ri
     echo "setup: images, wheelhouses, model (beside tools, lint, build)|$(( $(date +%s) - t ))|$r" >"$setup_dir/time"
     exit $r ) &
   setup_pid=$!
