@@ -12,14 +12,18 @@ import os
 import re
 import sys
 import urllib.request
+from pathlib import Path
 
+import yaml
 from conftest import cloud_deployed, container_ip, deploy_playbook, instance_auth, metric_samples, molecule_only
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, os.environ["ANSIBLE_COLLECTIONS_PATH"].split(":")[0])
 from ansible_collections.inferops.vllm.plugins.plugin_utils._kv_sizing import kv_blocks, kv_bytes_per_token  # noqa: E402
 
-BUDGET = 1073741824  # vllm_instance_kv_cache_memory_bytes of the sandbox
+# The sandbox's (and molecule's) KV budget, read where the deployment takes it from.
+with open(Path(__file__).resolve().parents[3] / "inventories" / "sandbox" / "group_vars" / "all" / "vllm.yml") as _f:
+    BUDGET = int(yaml.safe_load(_f)["vllm_instance_kv_cache_memory_bytes"])
 BLOCK = 128  # vLLM's default block size on the CPU
 
 
