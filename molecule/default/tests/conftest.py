@@ -220,6 +220,21 @@ def unit_cpu_seconds(host, unit: str) -> float:
     return float(host.check_output("python3 -c %s %s", _UNIT_CPU_SCRIPT, unit))
 
 
+def kill_vllm_command(units: list[str]) -> str:
+    """A shell command that SIGKILLs the vLLM process of each unit (the launcher's one child, vLLM's API server) and
+    fails unless each unit has exactly one. vLLM dies as in a crash; the launcher reaps what vLLM left (its engine and
+    worker), then exits of the same signal, and systemd sees the unit fail (Restart=on-failure).
+
+    Not `systemctl kill -s KILL` of the whole unit: on our machines the containers' systemd runs on a cgroup v1 host,
+    where it is not told when a unit's cgroup empties; after every process of the unit died at once it waited the
+    unit's TimeoutStopSec (75 s) in "deactivating (stop-sigkill)" ("Processes still around after SIGKILL. Ignoring."),
+    although none was left. On a cgroup v2 host (Debian 12, Ubuntu 24.04) systemd sees the cgroup empty at once."""
+    kills = [f'p=$(pgrep -P "$(systemctl show -p MainPID --value {unit})"); '
+             f'[ "$(echo "$p" | wc -w)" = 1 ] || {{ echo "{unit}: no single vLLM process: $p" >&2; exit 1; }}; '
+             f'kill -9 "$p"' for unit in units]
+    return " && ".join(f"( {kill} )" for kill in kills)
+
+
 def journal_tail(host, unit: str, lines: int = 60) -> str:
     """The unit's last journal lines, for the message of a failed test."""
     return host.run(f"journalctl -u {unit} -n {lines} --no-pager -o cat").stdout

@@ -2,7 +2,7 @@
 leaves) and out (decode-2 joins), rolls decode-0 whose setting changed and gives the front its fallback, all at
 once; the decode pool rolled with playbooks/rolling_restart.yml; a failing rollout stopped; a one-instance pool
 refused, and rolled with the downtime allowed (proven against every decode instance first); a decode instance
-killed with SIGKILL.
+killed with SIGKILL (its vLLM process).
 
 One load runs through the whole file (module fixture `load`): streaming completions sent from this process
 through the front (benchmarks/bench_load.py FrontLoad: no vLLM import on the two busy cores, every request's
@@ -45,6 +45,7 @@ from conftest import (
     front_ca,
     front_health,
     journal_tail,
+    kill_vllm_command,
     secret,
 )
 
@@ -420,7 +421,8 @@ def test_a_killed_decode_instance_comes_back_into_rotation(load, decode_host, ro
     # Requests in flight on decode-0 when it dies started a little before the kill.
     start = max(OPERATIONS[-1].end if OPERATIONS else 0.0, time.perf_counter() - 15)
     killed_at = time.perf_counter()
-    decode_host.run("systemctl kill -s KILL vllm@decode-0")
+    killed = decode_host.run(kill_vllm_command(["vllm@decode-0.service"]))
+    assert killed.rc == 0, killed.stderr
     # systemd starts it again (Restart=on-failure): wait for the new process to answer /health and
     # for both routers to count it healthy again.
     decode_0 = f"http://{container_ip(DECODE)}:8200"

@@ -38,6 +38,7 @@ from conftest import (
     deploy_playbook,
     front_ca,
     front_health,
+    kill_vllm_command,
     metric_samples,
     secret,
 )
@@ -177,8 +178,8 @@ def test_healthy_pool_answers_locally_and_a_client_error_is_not_retried(cloud, f
 
 
 def test_a_started_stream_is_not_switched_when_decode_dies_under_it(cloud, front_url):
-    """SIGKILL of every decode instance after the first streamed tokens: the answer stays the local one (it may
-    end short), the cloud gets nothing. Then decode is stopped for the next test."""
+    """SIGKILL of every decode instance's vLLM after the first streamed tokens: the answer stays the local one (it
+    may end short), the cloud gets nothing. Then decode is stopped for the next test."""
     key = secret("client_api_key")
     units = decode_units()
     assert units, "no vllm@ unit on the decode host"
@@ -193,7 +194,7 @@ def test_a_started_stream_is_not_switched_when_decode_dies_under_it(cloud, front
             line = r.readline()
             assert line, lines
             lines.append(line)
-        _podman_exec(DECODE, f"systemctl kill -s KILL {' '.join(units)}; systemctl stop {' '.join(units)}")
+        _podman_exec(DECODE, f"{kill_vllm_command(units)}; systemctl stop {' '.join(units)}")
         try:
             while line := r.readline():
                 lines.append(line)
