@@ -19,6 +19,7 @@ Everything here works on text and plain data (no HTTP), so that it can be unit t
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
 
@@ -421,8 +422,14 @@ def evaluate_proof_request(before, after, roles, prompt_tokens=None, number=1, c
             + (f" although decode received {external} prompt tokens by external_kv_transfer" if external > 0 else "")
         )
     if failed > 0:
-        grew = ", ".join(f"{n} +{deltas[n]['nixl_failed_transfers']}" for n in pd if deltas[n]["nixl_failed_transfers"])
-        problems.append(f"{label}: NIXL failed transfers grew ({grew})")
+        failing = [n for n in pd if deltas[n]["nixl_failed_transfers"]]
+        grew = ", ".join(f"{n} +{deltas[n]['nixl_failed_transfers']}" for n in failing)
+        problems.append(
+            f"{label}: NIXL failed transfers grew ({grew}); an instance whose KV transfer failed once (a blocked "
+            f"port, a network outage) keeps failing until it restarts, as NIXL keeps its peer disconnected: once "
+            f"the KV path between the hosts works again, roll it (playbooks/rolling_restart.yml -e "
+            f"'{{\"vllm_rollout_instances\": {json.dumps(failing)}}}'; docs/day2.md, a broken KV path)"
+        )
 
     return {
         "request": number,
