@@ -1,8 +1,9 @@
 """Day-2 operations under steady client load: one deploy_pd.yml run that scales the decode pool in (decode-1
 leaves) and out (decode-2 joins), rolls decode-0 whose setting changed and gives the front its fallback, all at
 once; the decode pool rolled with playbooks/rolling_restart.yml; a failing rollout stopped; a one-instance pool
-refused, and rolled with the downtime allowed (proven against every decode instance first); a decode instance
-killed with SIGKILL (its vLLM process).
+refused; a handoff with the KV path refused (kv_load_failure_policy recompute), and the one-instance pool rolled
+with the downtime allowed (proven against every decode instance first, which also heals that path); a decode
+instance killed with SIGKILL (its vLLM process).
 
 One load runs through the whole file (module fixture `load`): streaming completions sent from this process
 through the front (benchmarks/bench_load.py FrontLoad: no vLLM import on the two busy cores, every request's
@@ -22,6 +23,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import socket
 import ssl
@@ -38,14 +40,18 @@ import yaml
 from conftest import (
     DECODE,
     FALLBACKS_DEPLOYED,
+    PREFILL,
     ROUTER,
     cloud_deployed,
     container_ip,
     deploy_playbook,
     front_ca,
     front_health,
+    http_json,
+    instance_auth,
     journal_tail,
     kill_vllm_command,
+    metric_samples,
     secret,
 )
 
@@ -389,6 +395,56 @@ def test_a_pool_of_one_instance_is_refused_without_allow_downtime(inventory, pre
     assert "prefill-0 is the only prefill instance" in output, output[-3000:]
     assert "vllm_rollout_allow_downtime=true" in output
     assert unit_start(prefill_host, "vllm@prefill-0") == before
+
+
+# The prefill host refuses every TCP connection from the decode host (a reset, as from a peer that went away).
+# Dropped packets instead only look like a slow transfer to NIXL: chaos.py's kv-block waited ~46 s for the path.
+KV_BLOCK = ("table inet inferops_test_kv_block {{\n  chain input {{ type filter hook input priority -300; "
+            "ip saddr {decode} meta l4proto tcp reject with tcp reset; }}\n}}")
+RECOMPUTE_PROMPT = "Question: which river flows through Paris? Answer in one word. Answer: The river is called"
+
+
+def test_a_refused_kv_path_is_recomputed_on_decode_and_the_request_answers(prefill_host, decode_host):
+    """Issue #23 point 4, `kv_load_failure_policy: recompute` (the role's default for decode): with the KV path
+    refused between the pair, a handoff to decode-0 still answers, decode-0 computed the prompt itself and NIXL
+    counted the failed transfer. With the policy `fail` the request would fail; with the path open the KV
+    would move and no transfer would fail.
+
+    vLLM 0.32's NIXL keeps a peer that failed once disconnected: decode-0 (and decode-2 if the load reached it
+    during the block) recompute every prompt after the path is open again, until the pair restarts (docs/day2.md,
+    a broken KV path). The next test restarts prefill-0, which makes every decode instance connect anew, and
+    proves the handoff to each decode instance before prefill-0 takes traffic again."""
+    prefill_url = f"http://{container_ip(PREFILL)}:8100"
+    decode_url = f"http://{container_ip(DECODE)}:8200"  # decode-0
+    first = http_json(f"{prefill_url}/v1/completions", {
+        "model": MODEL, "prompt": RECOMPUTE_PROMPT, "max_tokens": 1, "temperature": 0,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                               "remote_block_ids": None, "remote_host": None, "remote_port": None},
+    }, headers=instance_auth())
+    params = first["kv_transfer_params"]
+    assert params and params.get("do_remote_prefill") is True, first
+    prompt_tokens = first["usage"]["prompt_tokens"]
+    before = metric_samples(f"{decode_url}/metrics")
+    blocked = prefill_host.run(f"printf '%s\\n' {shlex.quote(KV_BLOCK.format(decode=container_ip(DECODE)))} | nft -f -")
+    assert blocked.rc == 0, blocked.stderr
+    try:
+        second = http_json(f"{decode_url}/v1/completions", {
+            "model": MODEL, "prompt": RECOMPUTE_PROMPT, "max_tokens": 4, "temperature": 0, "kv_transfer_params": params,
+        }, headers=instance_auth(), timeout=120)
+    finally:
+        removed = prefill_host.run("nft delete table inet inferops_test_kv_block")
+    assert removed.rc == 0, removed.stderr
+    after = metric_samples(f"{decode_url}/metrics")
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert second["choices"][0]["text"], second
+    assert second["usage"]["prompt_tokens"] == prompt_tokens, second
+    # Decode computed the whole prompt itself (the load's requests in the window may add to these counters).
+    assert delta("vllm:prompt_tokens_by_source_total", source="local_compute") >= prompt_tokens - 1, (before, after)
+    assert delta("vllm:nixl_num_failed_transfers_total") >= 1, journal_tail(decode_host, "vllm@decode-0")
 
 
 def test_a_restarted_prefill_is_proven_against_every_decode_before_it_takes_traffic(inventory, load, prefill_host):
