@@ -219,7 +219,9 @@ def promtool_tests(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             {**labels, **VLLM},
             f"NIXL transfers failed on {labels['role']} instance {labels['instance_name']} ({labels['host']})",
             f"{value} failed NIXL KV transfers in the last {cfg['vllm_monitoring_nixl_window']}. Decode answers "
-            "them with an error (kv_load_failure_policy fail) or recomputes the prompt itself (recompute).",
+            "them with an error (kv_load_failure_policy fail) or recomputes the prompt itself (recompute). A peer "
+            "refused or reset once stays disconnected until the instance restarts: once the KV path works, roll it "
+            "(docs/day2.md, a broken KV path).",
         )
 
     def kv_slow(labels, value):
