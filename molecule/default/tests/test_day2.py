@@ -1,8 +1,8 @@
 """Day-2 operations under steady client load: one deploy_pd.yml run that scales the decode pool in (decode-1
 leaves) and out (decode-2 joins), rolls decode-0 whose setting changed and gives the front its fallback, all at
 once; the decode pool rolled with playbooks/rolling_restart.yml; a failing rollout stopped; a one-instance pool
-refused; a handoff with the KV path refused (kv_load_failure_policy recompute), and the one-instance pool rolled
-with the downtime allowed (proven against every decode instance first, which also heals that path); a decode
+refused, and rolled with the downtime allowed (proven against every decode instance first); a handoff with the KV
+path refused (kv_load_failure_policy recompute) before the decode pool's roll, which heals that path; a decode
 instance killed with SIGKILL (its vLLM process).
 
 One load runs through the whole file (module fixture `load`): streaming completions sent from this process
@@ -367,36 +367,6 @@ def test_a_rollout_goes_decode_first_stops_at_the_first_failure_and_keeps_the_ma
     assert decode_host.file(mark).exists, "the restart mark did not survive the failed run"
 
 
-def test_the_decode_pool_rolls_under_load(inventory, load, prefill_host, decode_host):
-    before = {name: unit_start(decode_host, f"vllm@{name}") for name in POOL}
-    prefill_before = unit_start(prefill_host, "vllm@prefill-0")
-    run = measured(load, f"rolling_restart.yml of {' and '.join(POOL)}", lambda: playbook(
-        inventory, "rolling_restart.yml", "-e", json.dumps({"vllm_rollout_instances": POOL})))
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-4000:]
-    for name, was in before.items():
-        assert unit_start(decode_host, f"vllm@{name}") != was, f"{name} was not restarted"
-        assert f"{name} rolled" in output, output[-3000:]
-    assert unit_start(prefill_host, "vllm@prefill-0") == prefill_before
-    # Each was proven with a request handed over directly before it went back.
-    # (Task headers only: molecule's profile_tasks callback repeats task names in its recap.)
-    assert output.count("TASK [inferops.vllm.vllm_rollout : Prove that the instance hands KV over") == 2, output[-3000:]
-    # The mark the failed run left (previous test) is gone: this run rolled its instance.
-    assert decode_host.run("ls /var/lib/inferops-vllm/restart-pending").stdout.strip() == ""
-
-
-def test_a_pool_of_one_instance_is_refused_without_allow_downtime(inventory, prefill_host):
-    before = unit_start(prefill_host, "vllm@prefill-0")
-    # The sandbox's group_vars allow downtime (one instance per pool there); a site does not.
-    run = playbook(inventory, "rolling_restart.yml", "-e", '{"vllm_rollout_instances": ["prefill-0"]}',
-                   "-e", "vllm_rollout_allow_downtime=false")
-    output = run.stdout + run.stderr
-    assert run.returncode != 0
-    assert "prefill-0 is the only prefill instance" in output, output[-3000:]
-    assert "vllm_rollout_allow_downtime=true" in output
-    assert unit_start(prefill_host, "vllm@prefill-0") == before
-
-
 # The prefill host refuses every TCP connection from the decode host (a reset, as from a peer that went away).
 # Dropped packets instead only look like a slow transfer to NIXL: chaos.py's kv-block waited ~46 s for the path.
 KV_BLOCK = ("table inet inferops_test_kv_block {{\n  chain input {{ type filter hook input priority -300; "
@@ -411,9 +381,10 @@ def test_a_refused_kv_path_is_recomputed_on_decode_and_the_request_answers(prefi
     would move and no transfer would fail.
 
     vLLM 0.32's NIXL keeps a peer that failed once disconnected: decode-0 (and decode-2 if the load reached it
-    during the block) recompute every prompt after the path is open again, until the pair restarts (docs/day2.md,
-    a broken KV path). The next test restarts prefill-0, which makes every decode instance connect anew, and
-    proves the handoff to each decode instance before prefill-0 takes traffic again."""
+    during the block) recompute every prompt after the path is open again, until they restart (docs/day2.md, a
+    broken KV path). The next test rolls both decode instances and proves each one's handoff before it takes
+    traffic again. (Placed before the prefill roll, not right before it: prefill-0 holds the failed request's KV
+    blocks for decode until their lease runs out, and a stop meanwhile took ~35 s longer.)"""
     prefill_url = f"http://{container_ip(PREFILL)}:8100"
     decode_url = f"http://{container_ip(DECODE)}:8200"  # decode-0
     first = http_json(f"{prefill_url}/v1/completions", {
@@ -445,6 +416,36 @@ def test_a_refused_kv_path_is_recomputed_on_decode_and_the_request_answers(prefi
     # Decode computed the whole prompt itself (the load's requests in the window may add to these counters).
     assert delta("vllm:prompt_tokens_by_source_total", source="local_compute") >= prompt_tokens - 1, (before, after)
     assert delta("vllm:nixl_num_failed_transfers_total") >= 1, journal_tail(decode_host, "vllm@decode-0")
+
+
+def test_the_decode_pool_rolls_under_load(inventory, load, prefill_host, decode_host):
+    before = {name: unit_start(decode_host, f"vllm@{name}") for name in POOL}
+    prefill_before = unit_start(prefill_host, "vllm@prefill-0")
+    run = measured(load, f"rolling_restart.yml of {' and '.join(POOL)}", lambda: playbook(
+        inventory, "rolling_restart.yml", "-e", json.dumps({"vllm_rollout_instances": POOL})))
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    for name, was in before.items():
+        assert unit_start(decode_host, f"vllm@{name}") != was, f"{name} was not restarted"
+        assert f"{name} rolled" in output, output[-3000:]
+    assert unit_start(prefill_host, "vllm@prefill-0") == prefill_before
+    # Each was proven with a request handed over directly before it went back.
+    # (Task headers only: molecule's profile_tasks callback repeats task names in its recap.)
+    assert output.count("TASK [inferops.vllm.vllm_rollout : Prove that the instance hands KV over") == 2, output[-3000:]
+    # The mark the failed run left (previous test) is gone: this run rolled its instance.
+    assert decode_host.run("ls /var/lib/inferops-vllm/restart-pending").stdout.strip() == ""
+
+
+def test_a_pool_of_one_instance_is_refused_without_allow_downtime(inventory, prefill_host):
+    before = unit_start(prefill_host, "vllm@prefill-0")
+    # The sandbox's group_vars allow downtime (one instance per pool there); a site does not.
+    run = playbook(inventory, "rolling_restart.yml", "-e", '{"vllm_rollout_instances": ["prefill-0"]}',
+                   "-e", "vllm_rollout_allow_downtime=false")
+    output = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "prefill-0 is the only prefill instance" in output, output[-3000:]
+    assert "vllm_rollout_allow_downtime=true" in output
+    assert unit_start(prefill_host, "vllm@prefill-0") == before
 
 
 def test_a_restarted_prefill_is_proven_against_every_decode_before_it_takes_traffic(inventory, load, prefill_host):
