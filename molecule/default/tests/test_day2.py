@@ -383,8 +383,9 @@ def test_a_refused_kv_path_is_recomputed_on_decode_and_the_request_answers(prefi
     vLLM 0.32's NIXL keeps a peer that failed once disconnected: decode-0 (and decode-2 if the load reached it
     during the block) recompute every prompt after the path is open again, until they restart (docs/day2.md, a
     broken KV path). The next test rolls both decode instances and proves each one's handoff before it takes
-    traffic again. (Placed before the prefill roll, not right before it: prefill-0 holds the failed request's KV
-    blocks for decode until their lease runs out, and a stop meanwhile took ~35 s longer.)"""
+    traffic again. (Not right before the prefill roll: prefill-0 keeps the KV blocks decode never read until
+    their lease runs out, ~30 s, and its drain waits for them; on the sandbox a stop right after took 30.9 s
+    instead of 6.7 s, in molecule the prefill roll 120 s instead of 74-88 s.)"""
     prefill_url = f"http://{container_ip(PREFILL)}:8100"
     decode_url = f"http://{container_ip(DECODE)}:8200"  # decode-0
     first = http_json(f"{prefill_url}/v1/completions", {
