@@ -27,8 +27,9 @@ dead instance before their health checks took it out, and nothing after the reco
   decode-roll      planned  playbooks/rolling_restart.yml over decode-0 and decode-1
   prefill-roll     planned  playbooks/rolling_restart.yml over prefill-0 with vllm_rollout_allow_downtime (the only
                             prefill instance: an outage, no bound); proven against both decode instances first
-  decode-kill      fault    SIGKILL of vllm@decode-0 (systemd restarts it)
-  prefill-kill     fault    SIGKILL of vllm@prefill-0 (systemd restarts it; with --pool prefill, prefill-1 serves)
+  decode-kill      fault    SIGKILL of decode-0's vLLM process (systemd restarts the unit)
+  prefill-kill     fault    SIGKILL of prefill-0's vLLM process (systemd restarts the unit; with --pool prefill,
+                            prefill-1 serves)
   kv-block         fault    every packet between the prefill and the decode host dropped for --block seconds
                             (on the prefill host, its own nftables table): kv_load_failure_policy recompute must
                             keep the requests answering
@@ -80,6 +81,7 @@ from sandbox_costs import (
     secret,
     secrets_dir,
 )
+from sandbox_faults import kill_vllm_command
 
 OPERATIONS = ("nginx-reload", "replica-kill", "client-key", "instance-key", "decode-roll", "prefill-roll",
               "decode-kill", "prefill-kill", "kv-block", "prefill-restart")
@@ -304,7 +306,9 @@ class Chaos:
             raise RuntimeError(f"{role}-roll: failed after {seconds:.0f} s: {output[-1500:]}")
 
     def kill(self, container: str, name: str, port: int) -> None:
-        exec_in(container, "systemctl", "kill", "-s", "KILL", f"vllm@{name}.service")
+        """SIGKILL of the instance's vLLM process (as a crash or the OOM killer), not of its whole unit: on a cgroup
+        v1 host the containers' systemd would wait the unit's TimeoutStopSec before restarting it (docs/testing.md)."""
+        exec_in(container, "sh", "-c", kill_vllm_command([f"vllm@{name}.service"]))
         self.wait_back(container, f"vllm@{name}.service", f"http://127.0.0.1:{port}/health")
 
     def kv_block(self) -> None:

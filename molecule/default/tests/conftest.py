@@ -7,12 +7,18 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import testinfra
 from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+
+from sandbox_faults import kill_vllm_command  # noqa: E402,F401  (the tests import it from here)
 
 # Overridable so that the same checks run against the sandbox of scripts/sandbox/up.sh.
 PREFILL = os.environ.get("INFEROPS_PREFILL_HOST", "molecule-prefill")
@@ -218,21 +224,6 @@ print(ticks / os.sysconf("SC_CLK_TCK"))
 
 def unit_cpu_seconds(host, unit: str) -> float:
     return float(host.check_output("python3 -c %s %s", _UNIT_CPU_SCRIPT, unit))
-
-
-def kill_vllm_command(units: list[str]) -> str:
-    """A shell command that SIGKILLs the vLLM process of each unit (the launcher's one child, vLLM's API server) and
-    fails unless each unit has exactly one. vLLM dies as in a crash; the launcher reaps what vLLM left (its engine and
-    worker), then exits of the same signal, and systemd sees the unit fail (Restart=on-failure).
-
-    Not `systemctl kill -s KILL` of the whole unit: on our machines the containers' systemd runs on a cgroup v1 host,
-    where it is not told when a unit's cgroup empties; after every process of the unit died at once it waited the
-    unit's TimeoutStopSec (75 s) in "deactivating (stop-sigkill)" ("Processes still around after SIGKILL. Ignoring."),
-    although none was left. On a cgroup v2 host (Debian 12, Ubuntu 24.04) systemd sees the cgroup empty at once."""
-    kills = [f'p=$(pgrep -P "$(systemctl show -p MainPID --value {unit})"); '
-             f'[ "$(echo "$p" | wc -w)" = 1 ] || {{ echo "{unit}: no single vLLM process: $p" >&2; exit 1; }}; '
-             f'kill -9 "$p"' for unit in units]
-    return " && ".join(f"( {kill} )" for kill in kills)
 
 
 def journal_tail(host, unit: str, lines: int = 60) -> str:

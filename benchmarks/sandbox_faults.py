@@ -1,0 +1,22 @@
+# Copyright (c) inferops.vllm developers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Faults put into the sandbox's and molecule's containers, shared by benchmarks/chaos.py and the molecule tests."""
+
+from __future__ import annotations
+
+
+def kill_vllm_command(units: list[str]) -> str:
+    """A shell command that SIGKILLs the vLLM process of each unit (the launcher's one child, vLLM's API server) and
+    fails unless each unit has exactly one. vLLM dies as in a crash; the launcher reaps what vLLM left (its engine and
+    worker), then exits of the same signal, and systemd sees the unit fail (Restart=on-failure).
+
+    Not `systemctl kill -s KILL` of the whole unit: why is in docs/testing.md (a cgroup v1 host makes the containers'
+    systemd wait the unit's TimeoutStopSec after every process of the unit died at once)."""
+    kills = [
+        f'p=$(pgrep -P "$(systemctl show -p MainPID --value {unit})"); '
+        f'[ "$(echo "$p" | wc -w)" = 1 ] || {{ echo "{unit}: no single vLLM process: $p" >&2; exit 1; }}; '
+        f'kill -9 "$p"'
+        for unit in units
+    ]
+    return " && ".join(f"( {kill} )" for kill in kills)
