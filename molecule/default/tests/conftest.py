@@ -190,6 +190,19 @@ def instance_auth(key: str | None = None) -> dict:
     return {"Authorization": f"Bearer {key or secret('instance_api_key')}"}
 
 
+def prefill_for_remote_decode(prefill_url: str, model: str, prompt: str) -> dict:
+    """Step 1 of a handoff, as a PD proxy does it: prefill computes the prompt (one token) and keeps its KV for a
+    decode instance. Returns prefill's answer; its `kv_transfer_params` go with the request to decode."""
+    first = http_json(f"{prefill_url}/v1/completions", {
+        "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                               "remote_block_ids": None, "remote_host": None, "remote_port": None},
+    }, headers=instance_auth())
+    params = first.get("kv_transfer_params")
+    assert params and params.get("do_remote_prefill") is True, first
+    return first
+
+
 def metric_samples(url: str, key: str | None = None) -> dict[tuple[str, tuple], float]:
     """All samples of an instance's /metrics page (sent with the instance key, or ``key``), keyed by (name,
     sorted labels without model/engine)."""

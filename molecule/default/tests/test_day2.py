@@ -52,6 +52,7 @@ from conftest import (
     journal_tail,
     kill_vllm_command,
     metric_samples,
+    prefill_for_remote_decode,
     secret,
 )
 
@@ -388,13 +389,8 @@ def test_a_refused_kv_path_is_recomputed_on_decode_and_the_request_answers(prefi
     instead of 6.7 s, in molecule the prefill roll 120 s instead of 74-88 s.)"""
     prefill_url = f"http://{container_ip(PREFILL)}:8100"
     decode_url = f"http://{container_ip(DECODE)}:8200"  # decode-0
-    first = http_json(f"{prefill_url}/v1/completions", {
-        "model": MODEL, "prompt": RECOMPUTE_PROMPT, "max_tokens": 1, "temperature": 0,
-        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                               "remote_block_ids": None, "remote_host": None, "remote_port": None},
-    }, headers=instance_auth())
+    first = prefill_for_remote_decode(prefill_url, MODEL, RECOMPUTE_PROMPT)
     params = first["kv_transfer_params"]
-    assert params and params.get("do_remote_prefill") is True, first
     prompt_tokens = first["usage"]["prompt_tokens"]
     before = metric_samples(f"{decode_url}/metrics")
     blocked = prefill_host.run(f"printf '%s\\n' {shlex.quote(KV_BLOCK.format(decode=container_ip(DECODE)))} | nft -f -")

@@ -8,7 +8,15 @@ import re
 import time
 
 import pytest
-from conftest import http_json, inline_playbook, metric_samples, molecule_only, secret, unit_cpu_seconds
+from conftest import (
+    http_json,
+    inline_playbook,
+    metric_samples,
+    molecule_only,
+    prefill_for_remote_decode,
+    secret,
+    unit_cpu_seconds,
+)
 
 LAUNCH = "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config"
 
@@ -169,13 +177,8 @@ def test_pd_handoff_moves_kv_from_prefill_to_decode(prefill_url, decode_url):
     before_d = metric_samples(f"{decode_url}/metrics")
 
     # Step 1, as a PD proxy does it: prefill computes the prompt and keeps its KV for decode.
-    first = http_json(f"{prefill_url}/v1/completions", {
-        "model": MODEL, "prompt": PROMPT, "max_tokens": 1, "temperature": 0,
-        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                               "remote_block_ids": None, "remote_host": None, "remote_port": None},
-    }, headers=auth())
+    first = prefill_for_remote_decode(prefill_url, MODEL, PROMPT)
     params = first["kv_transfer_params"]
-    assert params and params.get("do_remote_prefill") is True, first
     prompt_tokens = first["usage"]["prompt_tokens"]
     assert prompt_tokens > 8
 
