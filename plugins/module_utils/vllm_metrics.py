@@ -425,9 +425,9 @@ def evaluate_proof_request(before, after, roles, prompt_tokens=None, number=1, c
         failing = [n for n in pd if deltas[n]["nixl_failed_transfers"]]
         grew = ", ".join(f"{n} +{deltas[n]['nixl_failed_transfers']}" for n in failing)
         problems.append(
-            f"{label}: NIXL failed transfers grew ({grew}); an instance whose KV transfer failed once (a blocked "
-            f"port, a network outage) keeps failing until it restarts, as NIXL keeps its peer disconnected: once "
-            f"the KV path between the hosts works again, roll it (playbooks/rolling_restart.yml -e "
+            f"{label}: NIXL failed transfers grew ({grew}); after a refused or reset KV connection (a port "
+            f"blocked, a network outage) NIXL keeps the peer disconnected and the instance keeps failing until it "
+            f"restarts: once the KV path between the hosts works again, roll it (playbooks/rolling_restart.yml -e "
             f"'{{\"vllm_rollout_instances\": {json.dumps(failing)}}}'; docs/day2.md, a broken KV path)"
         )
 
