@@ -16,9 +16,8 @@ import pytest
 import testinfra
 from prometheus_client.parser import text_string_to_metric_families
 
+# The tests import the benchmarks' helpers (bench_load, sandbox_faults, prom_report) from here.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-
-from sandbox_faults import kill_vllm_command  # noqa: E402,F401  (the tests import it from here)
 
 # Overridable so that the same checks run against the sandbox of scripts/sandbox/up.sh.
 PREFILL = os.environ.get("INFEROPS_PREFILL_HOST", "molecule-prefill")

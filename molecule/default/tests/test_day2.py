@@ -50,7 +50,6 @@ from conftest import (
     http_json,
     instance_auth,
     journal_tail,
-    kill_vllm_command,
     metric_samples,
     prefill_for_remote_decode,
     secret,
@@ -61,6 +60,7 @@ EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
 sys.path.insert(0, os.path.join(PROJECT, "benchmarks"))
 
 from bench_load import FrontLoad, summary  # noqa: E402
+from sandbox_faults import kill_vllm_command  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not (PROJECT and EPHEMERAL), reason="runs inside molecule only (its inventory)"),
               pytest.mark.changes_deployment(order=1)]

@@ -38,10 +38,10 @@ from conftest import (
     deploy_playbook,
     front_ca,
     front_health,
-    kill_vllm_command,
     metric_samples,
     secret,
 )
+from sandbox_faults import kill_vllm_command
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
 EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
