@@ -11,10 +11,10 @@ import pytest
 from conftest import (
     http_json,
     inline_playbook,
+    instance_auth,
     metric_samples,
     molecule_only,
     prefill_for_remote_decode,
-    secret,
     unit_cpu_seconds,
 )
 
@@ -161,14 +161,10 @@ def test_launcher_rejects_a_broken_config_on_the_host(prefill_host):
         assert expected in res.stderr, res.stderr
 
 
-def auth() -> dict:
-    return {"Authorization": f"Bearer {secret('instance_api_key')}"}
-
-
 def test_health_version_and_model(prefill_url, decode_url):
     for url in (prefill_url, decode_url):
-        assert http_json(f"{url}/version", headers=auth())["version"] == "0.32.0"
-        models = [m["id"] for m in http_json(f"{url}/v1/models", headers=auth())["data"]]
+        assert http_json(f"{url}/version", headers=instance_auth())["version"] == "0.32.0"
+        models = [m["id"] for m in http_json(f"{url}/v1/models", headers=instance_auth())["data"]]
         assert models == [MODEL]
 
 
@@ -185,7 +181,7 @@ def test_pd_handoff_moves_kv_from_prefill_to_decode(prefill_url, decode_url):
     # Step 2: decode pulls that KV over NIXL and generates.
     second = http_json(f"{decode_url}/v1/completions", {
         "model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "kv_transfer_params": params,
-    }, headers=auth())
+    }, headers=instance_auth())
     pd_text = second["choices"][0]["text"]
 
     after_p = metric_samples(f"{prefill_url}/metrics")
@@ -210,7 +206,7 @@ def test_pd_handoff_moves_kv_from_prefill_to_decode(prefill_url, decode_url):
     # The disaggregated answer equals the answer of a colocated request.
     direct = http_json(f"{decode_url}/v1/completions", {
         "model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
-    }, headers=auth())
+    }, headers=instance_auth())
     assert pd_text == direct["choices"][0]["text"]
     assert "Paris" in pd_text
 

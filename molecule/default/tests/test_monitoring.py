@@ -10,15 +10,12 @@ import json
 import os
 import re
 import shlex
-import sys
 import time
 import urllib.parse
 
+import prom_report  # benchmarks/, put on sys.path by conftest.py
 import pytest
 from conftest import deploy_playbook, front_ca, molecule_only, secret
-
-sys.path.insert(0, os.path.join(os.environ.get("MOLECULE_PROJECT_DIRECTORY", ""), "benchmarks"))
-import prom_report  # noqa: E402
 
 PROMETHEUS = "http://127.0.0.1:9090"
 GET = ("import json, sys, urllib.request, urllib.error\n"
