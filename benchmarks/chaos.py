@@ -81,7 +81,7 @@ from sandbox_costs import (
     secret,
     secrets_dir,
 )
-from sandbox_faults import kill_vllm_command
+from sandbox_faults import kill_vllm_command, peer_block_rules
 
 OPERATIONS = ("nginx-reload", "replica-kill", "client-key", "instance-key", "decode-roll", "prefill-roll",
               "decode-kill", "prefill-kill", "kv-block", "prefill-restart")
@@ -313,9 +313,7 @@ class Chaos:
 
     def kv_block(self) -> None:
         decode = container_ip(DECODE_HOST)
-        rules = (f"table inet inferops_chaos {{\n"
-                 f"  chain input {{ type filter hook input priority -300; ip saddr {decode} drop; }}\n"
-                 f"  chain output {{ type filter hook output priority -300; ip daddr {decode} drop; }}\n}}\n")
+        rules = peer_block_rules("inferops_chaos", decode, "drop")
         subprocess.run(["podman", "exec", "-i", PREFILL_HOST, "nft", "-f", "-"], input=rules, text=True,
                        check=True, timeout=30)
         try:

@@ -20,3 +20,19 @@ def kill_vllm_command(units: list[str]) -> str:
         for unit in units
     ]
     return " && ".join(f"( {kill} )" for kill in kills)
+
+
+def peer_block_rules(table: str, peer: str, action: str = "drop") -> str:
+    """An nftables ruleset (for `nft -f -` on the prefill host) in its own table ``table``, so that deleting that
+    table undoes it and nothing else: every packet from and to ``peer`` (an address) gets ``action``.
+
+    ``drop`` is a path that went silent (a cable, a switch: the sender retries until its timeout); ``reject`` answers
+    each TCP packet from the peer with a reset (a host or firewall that refuses: the sender fails at once)."""
+    verdicts = {"drop": ("drop", "drop"), "reject": ("meta l4proto tcp reject with tcp reset", None)}
+    if action not in verdicts:
+        raise ValueError(f"action must be one of {sorted(verdicts)}, not {action!r}")
+    incoming, outgoing = verdicts[action]
+    chains = [f"  chain input {{ type filter hook input priority -300; ip saddr {peer} {incoming}; }}"]
+    if outgoing:
+        chains.append(f"  chain output {{ type filter hook output priority -300; ip daddr {peer} {outgoing}; }}")
+    return f"table inet {table} {{\n" + "\n".join(chains) + "\n}\n"

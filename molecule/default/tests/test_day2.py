@@ -29,7 +29,6 @@ import socket
 import ssl
 import string
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 
 import pytest
 import yaml
+from bench_load import FrontLoad, summary  # benchmarks/, put on sys.path by conftest.py
 from conftest import (
     DECODE,
     FALLBACKS_DEPLOYED,
@@ -54,13 +54,10 @@ from conftest import (
     prefill_for_remote_decode,
     secret,
 )
+from sandbox_faults import kill_vllm_command, peer_block_rules
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", "")
 EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
-sys.path.insert(0, os.path.join(PROJECT, "benchmarks"))
-
-from bench_load import FrontLoad, summary  # noqa: E402
-from sandbox_faults import kill_vllm_command  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not (PROJECT and EPHEMERAL), reason="runs inside molecule only (its inventory)"),
               pytest.mark.changes_deployment(order=1)]
@@ -370,8 +367,6 @@ def test_a_rollout_goes_decode_first_stops_at_the_first_failure_and_keeps_the_ma
 
 # The prefill host refuses every TCP connection from the decode host (a reset, as from a peer that went away).
 # Dropped packets instead only look like a slow transfer to NIXL: chaos.py's kv-block waited ~46 s for the path.
-KV_BLOCK = ("table inet inferops_test_kv_block {{\n  chain input {{ type filter hook input priority -300; "
-            "ip saddr {decode} meta l4proto tcp reject with tcp reset; }}\n}}")
 RECOMPUTE_PROMPT = "Question: which river flows through Paris? Answer in one word. Answer: The river is called"
 
 
@@ -393,7 +388,8 @@ def test_a_refused_kv_path_is_recomputed_on_decode_and_the_request_answers(prefi
     params = first["kv_transfer_params"]
     prompt_tokens = first["usage"]["prompt_tokens"]
     before = metric_samples(f"{decode_url}/metrics")
-    blocked = prefill_host.run(f"printf '%s\\n' {shlex.quote(KV_BLOCK.format(decode=container_ip(DECODE)))} | nft -f -")
+    rules = peer_block_rules("inferops_test_kv_block", container_ip(DECODE), "reject")
+    blocked = prefill_host.run(f"printf '%s' {shlex.quote(rules)} | nft -f -")
     assert blocked.rc == 0, blocked.stderr
     try:
         second = http_json(f"{decode_url}/v1/completions", {
