@@ -424,12 +424,7 @@ def evaluate_proof_request(before, after, roles, prompt_tokens=None, number=1, c
     if failed > 0:
         failing = [n for n in pd if deltas[n]["nixl_failed_transfers"]]
         grew = ", ".join(f"{n} +{deltas[n]['nixl_failed_transfers']}" for n in failing)
-        problems.append(
-            f"{label}: NIXL failed transfers grew ({grew}); after a refused or reset KV connection (a port "
-            f"blocked, a network outage) NIXL keeps the peer disconnected and the instance keeps failing until it "
-            f"restarts: once the KV path between the hosts works again, roll it (playbooks/rolling_restart.yml -e "
-            f"'{{\"vllm_rollout_instances\": {json.dumps(failing)}}}'; docs/day2.md, a broken KV path)"
-        )
+        problems.append(f"{label}: NIXL failed transfers grew ({grew})")
 
     return {
         "request": number,
@@ -441,6 +436,9 @@ def evaluate_proof_request(before, after, roles, prompt_tokens=None, number=1, c
         "decode_served": {n: deltas[n]["prompt_tokens_external_kv_transfer"] for n in decode},
         "nixl_transfers": transfers,
         "nixl_failed_transfers": failed,
+        "nixl_failed_by_instance": {
+            n: deltas[n]["nixl_failed_transfers"] for n in pd if deltas[n]["nixl_failed_transfers"]
+        },
         "nixl_bytes_transferred": _sum(deltas[n]["nixl_bytes_transferred"] for n in pd),
         "nixl_xfer_time_seconds": round(_sum(deltas[n]["nixl_xfer_time_seconds"] for n in pd), 6),
         "handoff_proven": not problems,
@@ -469,6 +467,17 @@ def evaluate_pd_proof(per_request, roles):
     elif prefill and decode:
         for item in per_request:
             problems.extend(item["problems"])
+        # What to do about failed transfers, once after the requests' problems (every request on a broken path fails).
+        failing = list(dict.fromkeys(n for item in per_request for n in item.get("nixl_failed_by_instance") or {}))
+        if failing:
+            problems.append(
+                f"NIXL failed transfers on {', '.join(failing)}: after a refused or reset KV connection (a port "
+                f"blocked, a network outage) NIXL keeps the peer disconnected and the instance keeps failing until it "
+                f"restarts: "
+                f"once the KV path between the hosts works again, roll "
+                f"{'it' if len(failing) == 1 else 'them'} (playbooks/rolling_restart.yml -e "
+                f"'{{\"vllm_rollout_instances\": {json.dumps(failing)}}}'; docs/day2.md, a broken KV path)"
+            )
 
     def total(key):
         return _sum(item[key] for item in per_request)

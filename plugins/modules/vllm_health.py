@@ -545,6 +545,12 @@ proof:
           description: NIXL failed transfers for the request (none is allowed).
           type: int
           sample: 0
+        nixl_failed_by_instance:
+          description: >-
+            Instance name to NIXL failed transfers for the request, for each instance whose count grew (empty when none
+            did). The proof's problems name these instances once, with the roll that heals them.
+          type: dict
+          sample: {}
         nixl_bytes_transferred:
           description: Bytes NIXL moved for the request.
           type: int

@@ -385,10 +385,24 @@ def test_request_nixl_failure_grew(before):
     result = vm.evaluate_proof_request(before, serve(before, failed=1), ROLES, PROMPT)
     assert result["handoff_proven"] is False
     assert result["nixl_failed_transfers"] == 1
-    (problem,) = result["problems"]
-    assert problem.startswith("request 1 of 1: NIXL failed transfers grew (decode-0 +1); "), problem
-    # What to do: the path is broken for this instance until it restarts, so the message names the roll of it.
-    assert """rolling_restart.yml -e '{"vllm_rollout_instances": ["decode-0"]}'""" in problem, problem
+    assert result["nixl_failed_by_instance"] == {"decode-0": 1}
+    assert result["problems"] == ["request 1 of 1: NIXL failed transfers grew (decode-0 +1)"]
+
+
+def test_the_proof_says_once_how_to_heal_failed_transfers(before):
+    """Every request on a broken path fails its transfer: the per-request problems say so, and the proof adds once
+    what to do (the path stays broken for those instances until they restart), naming each failing instance once."""
+    requests = [vm.evaluate_proof_request(before, serve(before, failed=1), ROLES, PROMPT, n, 3) for n in (1, 2, 3)]
+    proof = vm.evaluate_pd_proof(requests, ROLES)
+    assert proof["handoff_proven"] is False
+    hints = [p for p in proof["problems"] if "rolling_restart.yml" in p]
+    assert len(hints) == 1, proof["problems"]
+    assert """rolling_restart.yml -e '{"vllm_rollout_instances": ["decode-0"]}'""" in hints[0], hints[0]
+    assert proof["problems"][-1] == hints[0]
+    assert sum("NIXL failed transfers grew (decode-0 +1)" in p for p in proof["problems"]) == 3
+    # A proof without failures has no hint.
+    clean = vm.evaluate_pd_proof([vm.evaluate_proof_request(before, serve(before), ROLES, PROMPT)], ROLES)
+    assert clean["problems"] == [] and clean["per_request"][0]["nixl_failed_by_instance"] == {}
 
 
 def test_request_not_prefilled(before):
