@@ -236,57 +236,44 @@ def rendered(tmp_path_factory) -> Path:
 
 FALLBACK = {"name": "cloud-a", "url": "https://api.example.com/v1", "api_key": "sk-test-fallback-key-0001",
             "models": {"smollm2-135m-instruct": "gpt-4o-mini"}}
-
-
-@pytest.fixture(scope="module")
-def rendered_with_fallbacks(tmp_path_factory) -> Path:
-    """The same inventory with a fallback endpoint on the router (vllm_router_front_fallbacks)."""
-    tmp = tmp_path_factory.mktemp("monitoring-fallback")
-    out = tmp / "out"
-    out.mkdir()
-    run = run_playbook(
-        tmp, "render", plays(out, False), inventory(["r1"]),
-        extra={"_vllm_monitoring_promtool": promtool(), "vllm_router_front_fallbacks": [FALLBACK]},
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert FALLBACK["api_key"] not in run.stdout + run.stderr
-    return out
-
-
 INSTANCE_KEY = "instance-key-for-monitoring-0001"
 
 
 @pytest.fixture(scope="module")
-def rendered_with_instance_key(tmp_path_factory) -> Path:
-    """The same inventory with an instance key (vllm_instance_api_key): the instances require it on /metrics."""
-    tmp = tmp_path_factory.mktemp("monitoring-instance-key")
+def rendered_with_fallbacks_and_key(tmp_path_factory) -> Path:
+    """The same inventory with a fallback endpoint on the router (vllm_router_front_fallbacks) and an instance key
+    (vllm_instance_api_key: the instances require it on /metrics). One render for both (each render is ~20 s of
+    the unit stage); what each adds is checked against the plain render."""
+    tmp = tmp_path_factory.mktemp("monitoring-fallback-key")
     out = tmp / "out"
     out.mkdir()
     run = run_playbook(
         tmp, "render", plays(out, False), inventory(["r1"], vllm_instance_api_key=INSTANCE_KEY),
-        extra={"_vllm_monitoring_promtool": promtool(),
+        extra={"_vllm_monitoring_promtool": promtool(), "vllm_router_front_fallbacks": [FALLBACK],
                # promtool checks that the credentials file exists: the one this render writes.
                "_vllm_monitoring_instance_key_file": str(out) + "/{{ inventory_hostname }}/vllm-instance.key"},
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    assert FALLBACK["api_key"] not in run.stdout + run.stderr
     assert INSTANCE_KEY not in run.stdout + run.stderr
     return out
 
 
-def test_prometheus_scrapes_the_instances_with_their_key_from_a_file(rendered, rendered_with_instance_key):
+def test_prometheus_scrapes_the_instances_with_their_key_from_a_file(rendered, rendered_with_fallbacks_and_key):
     """Issue #25: /metrics of an instance needs its key; Prometheus sends it (authorization.credentials_file),
     and the key is only in that file (0640 root:prometheus), never in prometheus.yml."""
     def job(out, name):
         config = yaml.safe_load((out / "r1" / "prometheus.yml").read_text(encoding="utf-8"))
         return {j["job_name"]: j for j in config["scrape_configs"]}[name]
 
-    keyed = job(rendered_with_instance_key, "vllm")
-    key_file = rendered_with_instance_key / "r1" / "vllm-instance.key"
+    keyed = job(rendered_with_fallbacks_and_key, "vllm")
+    key_file = rendered_with_fallbacks_and_key / "r1" / "vllm-instance.key"
     assert keyed["authorization"] == {"type": "Bearer", "credentials_file": str(key_file)}
     assert key_file.read_text(encoding="utf-8") == INSTANCE_KEY + "\n"
-    assert INSTANCE_KEY not in (rendered_with_instance_key / "r1" / "prometheus.yml").read_text(encoding="utf-8")
-    # Only the instances' job: the router, nginx and node exporters have no such key.
-    assert "authorization" not in job(rendered_with_instance_key, "node")
+    assert INSTANCE_KEY not in (rendered_with_fallbacks_and_key / "r1" / "prometheus.yml").read_text(encoding="utf-8")
+    # Only the instances' job: the router, nginx, node exporters and the front's fallback counter have no such key.
+    for other in ("node", "nginx", "vllm-router", "nginx-fallback"):
+        assert "authorization" not in job(rendered_with_fallbacks_and_key, other), other
     assert "authorization" not in job(rendered, "vllm")
     assert not (rendered / "r1" / "vllm-instance.key").exists()
     (task,) = [t for t in yaml.safe_load((REPO / "roles" / "vllm_monitoring" / "tasks" / "configure.yml").read_text())
@@ -295,17 +282,17 @@ def test_prometheus_scrapes_the_instances_with_their_key_from_a_file(rendered, r
     assert task["no_log"] is True and task["diff"] is False
 
 
-def test_fallback_counters_are_scraped_when_the_front_has_fallbacks(rendered, rendered_with_fallbacks):
+def test_fallback_counters_are_scraped_when_the_front_has_fallbacks(rendered, rendered_with_fallbacks_and_key):
     def jobs(out):
         config = yaml.safe_load((out / "r1" / "prometheus.yml").read_text(encoding="utf-8"))
         return {j["job_name"]: j for j in config["scrape_configs"]}
 
     assert "nginx-fallback" not in jobs(rendered)
-    job = jobs(rendered_with_fallbacks)["nginx-fallback"]
+    job = jobs(rendered_with_fallbacks_and_key)["nginx-fallback"]
     assert job["metrics_path"] == "/fallback_metrics"
     assert job["static_configs"] == [{"targets": ["127.0.0.1:8090"], "labels": {"host": "r1", "role": "router"}}]
     # The page it scrapes is on the front's loopback stub_status server.
-    site = (rendered_with_fallbacks / "r1" / "nginx-site.conf").read_text(encoding="utf-8")
+    site = (rendered_with_fallbacks_and_key / "r1" / "nginx-site.conf").read_text(encoding="utf-8")
     status_server = site[site.index("listen 127.0.0.1:8090;"):]
     assert "location = /fallback_metrics {\n        js_content inferops.metrics;" in status_server
 
