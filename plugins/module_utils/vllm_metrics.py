@@ -472,9 +472,8 @@ def evaluate_pd_proof(per_request, roles):
         if failing:
             problems.append(
                 f"NIXL failed transfers on {', '.join(failing)}: after a refused or reset KV connection (a port "
-                f"blocked, a network outage) NIXL keeps the peer disconnected and the instance keeps failing until it "
-                f"restarts: "
-                f"once the KV path between the hosts works again, roll "
+                f"blocked, a network outage) NIXL keeps the peer disconnected and an instance keeps failing until it "
+                f"restarts: once the KV path between the hosts works again, roll "
                 f"{'it' if len(failing) == 1 else 'them'} (playbooks/rolling_restart.yml -e "
                 f"'{{\"vllm_rollout_instances\": {json.dumps(failing)}}}'; docs/day2.md, a broken KV path)"
             )
