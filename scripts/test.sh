@@ -29,14 +29,13 @@ usage() {
 usage: bash scripts/test.sh [--only STAGE[,STAGE...]] [--skip STAGE|FILE[,...]] [--list]
 
 stages (all by default; the sandbox images, wheelhouses and model are made beside the tools venv, lint and build;
-sanity runs in the background from the start; driver and gateway beside the molecule stage once it has created its
-containers; unit beside molecule's idempotence and verify, in a cgroup marked idle, but for its tests that read the
-clock (mark timing), which run before molecule):
+sanity runs in the background from the start; driver, gateway and unit beside the molecule stage once it has
+created its containers, unit at nice 19 but for its tests that read the clock (mark timing), run before it):
   lint      yamllint --strict, ansible-lint (production profile), ruff, shellcheck
   sanity    ansible-test sanity on the collection's plugins
   build     the collection artifact built and installed; ansible-doc of every module, filter and role;
             every playbook's --syntax-check against both inventories
-  unit      pytest tests/unit (pytest-xdist, two workers: on what the molecule stage leaves idle)
+  unit      pytest tests/unit (pytest-xdist, both cores: what the molecule stage leaves idle)
   driver    molecule test -s nvidia_driver (the NVIDIA driver role in Debian and Ubuntu containers)
   gateway   tests/gateway/run.sh (the front's fallback semantics on real nginx + njs)
   molecule  molecule -s default's test sequence, a step at a time: real vLLM, NIXL, vllm-router, nginx in four
@@ -130,7 +129,6 @@ main() {
   background() {  # background NAME COMMAND...: run it, keep its output, its time and its exit status
     local name="$1"; shift
     # (set -e is on: the exit status is taken with || so that a failure still writes its row)
-    : >"$bg_dir/$name.started"
     ( t=$(date +%s); r=0; "$@" >"$bg_dir/$name.log" 2>&1 || r=$?
       echo "$name (in the background)|$(( $(date +%s) - t ))|$r" >"$bg_dir/$name.time"; exit $r ) &
     bg_pids+=($!)
@@ -160,25 +158,15 @@ main() {
     return 1
   fi
   # The molecule stage (when it runs) creates its network before the driver scenario creates its own: two
-  # networks created at once could pick the same bridge. Once converge has ended, the unit stage runs beside
-  # idempotence and verify in a cgroup of its own marked idle (cpu.idle: the kernel runs it only on a core
-  # nothing else wants, and preempts it as soon as anything else wakes up): verify leaves about a third of the
-  # two cores idle (drains, health waits, the load's pauses), which the unit tests take. Its tests that read the
-  # clock (mark `timing`, pytest.ini) run first, in the foreground, before anything loads the cores. Without such
-  # a cgroup (no cgroup v1 cpu controller with cpu.idle) the unit stage runs before molecule, as it is.
+  # networks created at once could pick the same bridge. The unit stage then runs beside molecule at nice 19:
+  # molecule's vLLM processes and deployments leave about a third of the two cores idle (waiting for drains,
+  # health, the load), which the unit tests take, and take little else (scripts/test.sh --list). Its tests that
+  # read the clock (mark `timing`, pytest.ini) run first, in the foreground, before anything loads the cores.
   local mol_rc=0 step unit_bg=0
   if has unit && has molecule && [ "$fg_rc" -eq 0 ]; then
-    if idle_cgroup; then
-      unit_bg=1
-      stage "unit tests that read the clock (mark timing), before molecule loads the cores"
-      timed "unit: tests that read the clock" pytest -q -m timing tests/unit || fg_rc=1
-    else
-      echo "no idle cgroup ($IDLE_CGROUP: cgroup v1 cpu controller with cpu.idle): the unit stage runs before molecule"
-    fi
-  fi
-  if has unit && [ "$unit_bg" -eq 0 ] && [ "$fg_rc" -eq 0 ]; then
-    stage "unit tests (pytest-xdist, 2 workers)"
-    timed unit pytest -q -n 2 --dist loadfile --durations=15 tests/unit || fg_rc=1
+    unit_bg=1
+    stage "unit tests that read the clock (mark timing), before molecule loads the cores"
+    timed "unit: tests that read the clock" pytest -q -m timing tests/unit || fg_rc=1
   fi
   if has molecule && [ "$fg_rc" -eq 0 ]; then
     # molecule/default/prepare.yml starts a package index (the decode host installs from it).
@@ -193,19 +181,21 @@ main() {
   fi
   if has driver; then background driver molecule test -s nvidia_driver; fi
   if has gateway; then background gateway bash tests/gateway/run.sh; fi
-  if has molecule && [ "$fg_rc" -eq 0 ]; then
-    for step in converge idempotence verify; do
-      [ "$mol_rc" -eq 0 ] || break
-      if [ "$step" = idempotence ] && [ "$unit_bg" -eq 1 ]; then
-        background unit in_idle_cgroup pytest -q -n 2 --dist loadfile --durations=15 -m "not timing" tests/unit
-      fi
-      stage "molecule $step -s default${verify_skip:+ (verify without:$verify_skip)}"
-      INFEROPS_VERIFY_SKIP="${verify_skip# }" timed "molecule: $step" molecule "$step" -s default || mol_rc=1
-    done
+  if has unit && [ "$fg_rc" -eq 0 ]; then
+    if [ "$unit_bg" -eq 1 ]; then
+      background unit nice -n 19 pytest -q -n 2 --dist loadfile --durations=15 -m "not timing" tests/unit
+    else
+      stage "unit tests (pytest-xdist, 2 workers)"
+      timed unit pytest -q -n 2 --dist loadfile --durations=15 tests/unit || fg_rc=1
+    fi
   fi
-  # A converge that failed leaves the unit stage to run now (it runs whatever molecule did).
-  if [ "$unit_bg" -eq 1 ] && [ ! -f "$bg_dir/unit.started" ]; then
-    background unit in_idle_cgroup pytest -q -n 2 --dist loadfile --durations=15 -m "not timing" tests/unit
+  if has molecule && [ "$fg_rc" -eq 0 ] && [ "$mol_rc" -eq 0 ]; then
+    local beside=""
+    [ "$unit_bg" -eq 0 ] || beside=" (the unit stage beside it, nice 19)"
+    for step in converge idempotence verify; do
+      stage "molecule $step -s default${verify_skip:+ (verify without:$verify_skip)}${beside}"
+      INFEROPS_VERIFY_SKIP="${verify_skip# }" timed "molecule: $step" molecule "$step" -s default || { mol_rc=1; break; }
+    done
   fi
   local bg_rc=0 pid name
   if [ ${#bg_pids[@]} -gt 0 ]; then
@@ -221,7 +211,6 @@ main() {
     done
   fi
   rm -rf "$bg_dir"
-  [ "$unit_bg" -eq 0 ] || rmdir "$IDLE_CGROUP" 2>/dev/null || true
   if has molecule && [ "$fg_rc" -eq 0 ]; then
     stage "molecule destroy -s default"
     kill_scenario_containers default
@@ -248,22 +237,6 @@ print(" ".join(p["name"] for p in yaml.safe_load(open(sys.argv[1]))["platforms"]
     "$REPO_ROOT/molecule/$1/molecule.yml")"
   # shellcheck disable=SC2086  # one word per container
   podman rm --force --time 0 --ignore $names >/dev/null
-}
-
-# The cgroup the unit stage runs in beside molecule: cgroup v1's cpu controller (scripts/sandbox/setup.sh mounts
-# it), a group of its own beside Podman's libpod_parent, marked idle (cpu.idle, Linux 5.15+): its processes get
-# a core only when nothing outside it wants one. idle_cgroup makes it (true when it is there); in_idle_cgroup
-# CMD... runs CMD in it. Tried before without it (nice 10 in an autogroup of its own, then SCHED_IDLE inside
-# this session's autogroup: docs/testing.md): the autogroup still weighed as much as the containers.
-IDLE_CGROUP=/sys/fs/cgroup/cpu/inferops-test-idle
-idle_cgroup() {
-  [ -d "$IDLE_CGROUP" ] || mkdir "$IDLE_CGROUP" 2>/dev/null || return 1
-  [ -w "$IDLE_CGROUP/cpu.idle" ] && echo 1 >"$IDLE_CGROUP/cpu.idle" 2>/dev/null && [ "$(cat "$IDLE_CGROUP/cpu.idle")" = 1 ]
-}
-# shellcheck disable=SC2317  # called through background
-in_idle_cgroup() {
-  echo "$BASHPID" >"$IDLE_CGROUP/cgroup.procs" || return 1
-  "$@"
 }
 
 # shellcheck disable=SC2317  # called through timed
