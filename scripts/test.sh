@@ -28,14 +28,13 @@ usage() {
   cat <<EOF
 usage: bash scripts/test.sh [--only STAGE[,STAGE...]] [--skip STAGE|FILE[,...]] [--list]
 
-stages (all by default; the sandbox images, wheelhouses and model are made beside the tools venv, lint and build;
-sanity runs in the background from the start; driver, gateway and unit beside the molecule stage once it has
-created its containers, unit at nice 19 but for its tests that read the clock (mark timing), run before it):
+stages (all by default; sanity runs in the background beside lint, build and unit, driver and gateway beside unit;
+the sandbox images, wheelhouses and model are made beside the tools venv, lint and build):
   lint      yamllint --strict, ansible-lint (production profile), ruff, shellcheck
   sanity    ansible-test sanity on the collection's plugins
   build     the collection artifact built and installed; ansible-doc of every module, filter and role;
             every playbook's --syntax-check against both inventories
-  unit      pytest tests/unit (pytest-xdist, both cores: what the molecule stage leaves idle)
+  unit      pytest tests/unit (pytest-xdist, both cores)
   driver    molecule test -s nvidia_driver (the NVIDIA driver role in Debian and Ubuntu containers)
   gateway   tests/gateway/run.sh (the front's fallback semantics on real nginx + njs)
   molecule  molecule -s default's test sequence, a step at a time: real vLLM, NIXL, vllm-router, nginx in four
@@ -120,10 +119,10 @@ main() {
   export INFEROPS_TEST_LOG_DIR
   INFEROPS_TEST_LOG_DIR="$(mktemp -d /tmp/inferops-test-logs.XXXXXX)"
 
-  # Background stages: ansible-test sanity (one core most of its time) runs beside lint and build; the driver
-  # scenario (apt and podman exec, little CPU), the gateway checks (one nginx container), which need the images,
-  # and the unit stage beside the molecule stage (below). Each writes a log shown when they have all ended, which
-  # is before the default scenario's destroy.
+  # Background stages: ansible-test sanity (one core most of its time) runs beside lint, build and the unit
+  # stage; the driver scenario (apt and podman exec, little CPU) and the gateway checks (one nginx container),
+  # which need the images, beside the unit stage. Each writes a log shown when they have all ended, and all end
+  # before the default scenario creates its network (two networks created at once could pick the same bridge).
   local bg_dir bg_pids=()
   bg_dir="$(mktemp -d)"
   background() {  # background NAME COMMAND...: run it, keep its output, its time and its exit status
@@ -157,53 +156,18 @@ main() {
     echo "failed: the sandbox setup (its output is above)" >&2
     return 1
   fi
-  # The molecule stage (when it runs) creates its network before the driver scenario creates its own: two
-  # networks created at once could pick the same bridge. The unit stage then runs beside molecule at nice 19:
-  # molecule's vLLM processes and deployments leave about a third of the two cores idle (waiting for drains,
-  # health, the load), which the unit tests take, and take little else (scripts/test.sh --list). Its tests that
-  # read the clock (mark `timing`, pytest.ini) run first, in the foreground, before anything loads the cores.
-  local mol_rc=0 step unit_bg=0
-  if has unit && has molecule && [ "$fg_rc" -eq 0 ]; then
-    unit_bg=1
-    stage "unit tests that read the clock (mark timing), before molecule loads the cores"
-    timed "unit: tests that read the clock" pytest -q -m timing tests/unit || fg_rc=1
-  fi
-  if has molecule && [ "$fg_rc" -eq 0 ]; then
-    # molecule/default/prepare.yml starts a package index (the decode host installs from it).
-    trap '"$REPO_ROOT/scripts/sandbox/index_server.sh" stop >/dev/null 2>&1 || true' EXIT
-    # molecule test's sequence (molecule.yml's test_sequence), step by step: a row per step in the time table.
-    # (`molecule create` runs prepare.yml itself: a `molecule prepare` step after it only said "already prepared".)
-    for step in destroy create; do
-      stage "molecule $step -s default"
-      [ "$step" != destroy ] || kill_scenario_containers default
-      timed "molecule: $step" molecule "$step" -s default || { mol_rc=1; break; }
-    done
-  fi
   if has driver; then background driver molecule test -s nvidia_driver; fi
   if has gateway; then background gateway bash tests/gateway/run.sh; fi
   if has unit && [ "$fg_rc" -eq 0 ]; then
-    if [ "$unit_bg" -eq 1 ]; then
-      background unit nice -n 19 pytest -q -n 2 --dist loadfile --durations=15 -m "not timing" tests/unit
-    else
-      stage "unit tests (pytest-xdist, 2 workers)"
-      timed unit pytest -q -n 2 --dist loadfile --durations=15 tests/unit || fg_rc=1
-    fi
-  fi
-  if has molecule && [ "$fg_rc" -eq 0 ] && [ "$mol_rc" -eq 0 ]; then
-    local beside=""
-    [ "$unit_bg" -eq 0 ] || beside=" (the unit stage beside it, nice 19)"
-    for step in converge idempotence verify; do
-      stage "molecule $step -s default${verify_skip:+ (verify without:$verify_skip)}${beside}"
-      INFEROPS_VERIFY_SKIP="${verify_skip# }" timed "molecule: $step" molecule "$step" -s default || { mol_rc=1; break; }
-    done
+    stage "unit tests (pytest-xdist, 2 workers)"
+    timed unit pytest -q -n 2 --dist loadfile --durations=15 tests/unit || fg_rc=1
   fi
   local bg_rc=0 pid name
   if [ ${#bg_pids[@]} -gt 0 ]; then
-    stage "waiting for the background stages"
     t0=$(date +%s)
     for pid in "${bg_pids[@]}"; do wait "$pid" || bg_rc=1; done
     times+=("(waiting for the background stages)|$(( $(date +%s) - t0 ))|0")
-    for name in sanity driver gateway unit; do
+    for name in sanity driver gateway; do
       [ -f "$bg_dir/$name.log" ] || continue
       stage "$name (ran in the background): its output"
       cat "$bg_dir/$name.log"
@@ -211,16 +175,28 @@ main() {
     done
   fi
   rm -rf "$bg_dir"
-  if has molecule && [ "$fg_rc" -eq 0 ]; then
+  if [ "$fg_rc" -ne 0 ] || [ "$bg_rc" -ne 0 ]; then
+    report_times
+    echo "failed: see the FAILED rows above (a background stage's output is shown above its row)" >&2
+    return 1
+  fi
+
+  if has molecule; then
+    # molecule/default/prepare.yml starts a package index (the decode host installs from it).
+    trap '"$REPO_ROOT/scripts/sandbox/index_server.sh" stop >/dev/null 2>&1 || true' EXIT
+    # molecule test's sequence (molecule.yml's test_sequence), step by step: a row per step in the time table.
+    # (`molecule create` runs prepare.yml itself: a `molecule prepare` step after it only said "already prepared".)
+    local mol_rc=0 step
+    for step in destroy create converge idempotence verify; do
+      stage "molecule $step -s default${verify_skip:+ (verify without:$verify_skip)}"
+      [ "$step" != destroy ] || kill_scenario_containers default
+      INFEROPS_VERIFY_SKIP="${verify_skip# }" timed "molecule: $step" molecule "$step" -s default || { mol_rc=1; break; }
+    done
     stage "molecule destroy -s default"
     kill_scenario_containers default
     timed "molecule: destroy" molecule destroy -s default || mol_rc=1
     playbook_recaps
-  fi
-  if [ "$fg_rc" -ne 0 ] || [ "$bg_rc" -ne 0 ] || [ "$mol_rc" -ne 0 ]; then
-    report_times
-    echo "failed: see the FAILED rows above (a background stage's output is shown above its row)" >&2
-    return 1
+    if [ "$mol_rc" -ne 0 ]; then report_times; return 1; fi
   fi
 
   report_times

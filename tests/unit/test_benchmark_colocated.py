@@ -46,7 +46,7 @@ def test_the_colocated_instance_is_matched_by_url(tmp_path):
     extra = {"records": HOSTVARS, "_vllm_benchmark_deployment": DEPLOYMENT}
     run = subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "hosts.json"), str(tmp_path / "play.yml"), "-e", json.dumps(extra)],
-        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=600, check=False)
+        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=120, check=False)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     assert "PICKED http://10.0.0.11:8100 auto" in output, output

@@ -18,9 +18,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import chaos  # noqa: E402  (benchmarks/ is no package)
 
-# The probe is timed against stand-in servers that answer late (scripts/test.sh runs these on idle cores).
-pytestmark = pytest.mark.timing
-
 DELAYS = {"/fast/health": 0.0, "/slow/health": 1.2, "/down/health": None}
 
 

@@ -57,7 +57,7 @@ def mirror(tmp_path):
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), "--only", "cuda_repo", "--timeout", "5", *args],
-                          capture_output=True, text=True, timeout=600, check=False)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_the_role_names_found_and_hashes_matching_pass(mirror):

@@ -103,7 +103,7 @@ def _run(inventory: Path, extra: dict, out: Path) -> subprocess.CompletedProcess
     return subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", str(inventory), str(REPO / "playbooks" / "client_config.yml"),
          "-e", json.dumps({"vllm_client_config_dir": str(out), **extra})],
-        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=600, check=False)
+        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=180, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -262,5 +262,5 @@ def test_the_helper_without_ca_and_its_refusals(runs, tmp_path):
         helper.client_from_settings(broken, environ={"INFEROPS_API_KEY": "k"})
     # As a command: without the key's variable it says what to export.
     run = subprocess.run([sys.executable, str(out / "client_from_settings.py"), str(out / "settings.json")],
-                         capture_output=True, text=True, timeout=600, check=False, env={"PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True, timeout=60, check=False, env={"PATH": "/usr/bin:/bin"})
     assert run.returncode == 1 and "export INFEROPS_API_KEY=" in run.stderr

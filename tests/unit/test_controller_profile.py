@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from controller_profile import summarize  # noqa: E402  (benchmarks/ is no package)
 
@@ -49,7 +47,6 @@ def _busy(seconds: float) -> None:
         pass
 
 
-@pytest.mark.timing  # the shares compare busy loops timed by the profiler's wall clock
 def test_the_summary_splits_each_workers_time_and_names_its_task(tmp_path):
     src, out = tmp_path / "site-packages", tmp_path / "out"
     out.mkdir()

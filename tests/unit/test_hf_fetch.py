@@ -39,7 +39,7 @@ def fetch(tmp_path: Path, env: dict, *args: str, token: str = TOKEN) -> subproce
         token_file = tmp_path / "token"
         token_file.write_text(token + "\n")
         argv += ["--token-file", str(token_file)]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
 def calls(tmp_path: Path) -> list[dict]:

@@ -45,7 +45,7 @@ def stand_in(root: Path, nixl_version="1.5.1", api=AGENT_CONFIG + "class nixl_ag
 
 def check(root: Path) -> str:
     run = subprocess.run([sys.executable, "-c", render("_vllm_install_check_script")], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=600, check=False)
+                         text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=60, check=False)
     assert run.returncode == 0, run.stderr
     return run.stdout.strip()
 

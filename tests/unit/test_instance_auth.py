@@ -197,7 +197,6 @@ def test_the_comparison_uses_compare_digest_against_every_key(monkeypatch):
     assert calls == keys
 
 
-@pytest.mark.timing
 def test_timing_does_not_depend_on_how_much_of_the_key_matches():
     """A coarse guard against a plain == creeping back in: a token sharing a long prefix with the key
     takes no measurably longer than one sharing none (compare_digest looks at every byte)."""

@@ -39,7 +39,7 @@ def run(tmp_path, entry: str, key: str) -> tuple[subprocess.CompletedProcess[str
              "vllm_instance_config_dir": str(tmp_path), "vllm_install_group": str(group)}
     done = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
                           cwd=REPO, env=playbook_env(ANSIBLE_LOCALHOST_WARNING="0"), capture_output=True, text=True,
-                          timeout=600, check=False)
+                          timeout=180, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     for secret in (OLD, NEW):
         assert secret not in done.stdout + done.stderr

@@ -15,9 +15,6 @@ from pathlib import Path
 
 import pytest
 
-# Many tests here wait for a child process with a deadline (scripts/test.sh runs these before molecule loads the cores).
-pytestmark = pytest.mark.timing
-
 LAUNCHER = Path(__file__).resolve().parents[2] / "roles" / "vllm_instance" / "files" / "inferops_vllm_launch.py"
 PREFIX = "inferops-vllm-launch"
 

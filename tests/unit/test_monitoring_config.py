@@ -638,7 +638,7 @@ def test_deploy_pd_skips_monitoring_without_a_monitoring_group(tmp_path):
         "router": {"hosts": {"r1": {"ansible_host": "192.0.2.5"}}},
     }
     for name, inv in (("absent", hosts), ("empty", {**hosts, "monitoring": {"hosts": {}}})):
-        run = run_playbook(tmp_path, name, [play], inv, extra={"ansible_connection": "ssh"}, timeout=600)
+        run = run_playbook(tmp_path, name, [play], inv, extra={"ansible_connection": "ssh"}, timeout=120)
         output = run.stdout + run.stderr
         assert run.returncode == 0, output
         for host in ("p1", "d1", "r1"):

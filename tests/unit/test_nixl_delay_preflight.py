@@ -67,7 +67,7 @@ def _run(tmp_path, name: str, extra: dict) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", "localhost,", str(playbook),
          "-e", json.dumps({"ansible_python_interpreter": sys.executable, **extra})],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
     )
 
 

@@ -59,6 +59,6 @@ def test_ansible_stops_the_later_plays_for_every_host(tmp_path):
         path.write_text(MECHANISM if fatal else MECHANISM.replace("  any_errors_fatal: true\n", ""))
         run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "decode1,prefill1,", "-c", "local", str(path)], cwd=REPO,
                              env=playbook_env(ANSIBLE_LOCALHOST_WARNING="0"), capture_output=True, text=True,
-                             timeout=600, check=False)
+                             timeout=120, check=False)
         assert run.returncode != 0, run.stdout
         assert ("CHANGED prefill1" in run.stdout) is (not fatal), run.stdout

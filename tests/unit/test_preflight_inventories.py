@@ -70,7 +70,7 @@ def _run(playbook: str, case: str) -> subprocess.CompletedProcess[str]:
     env = playbook_env()
     return subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", str(CASES_DIR / case), str(REPO / "playbooks" / playbook)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
     )
 
 
@@ -183,7 +183,7 @@ def test_launcher_refusals_and_bad_keys_stop_the_preflight_without_showing_them(
     case = _secret_case(tmp_path)
     run = subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", str(case), str(REPO / "playbooks" / "preflight.yml")],
-        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=600, check=False,
+        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=180, check=False,
     )
     output = _output(run)
     assert run.returncode != 0, output
@@ -221,7 +221,7 @@ def test_a_short_drain_is_an_ansible_warning_and_the_preflight_passes(tmp_path):
     def run() -> str:
         done = subprocess.run(
             [ANSIBLE_PLAYBOOK, "-i", str(case), str(REPO / "playbooks" / "preflight.yml")],
-            cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=600, check=False,
+            cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=180, check=False,
         )
         output = _output(done)
         assert done.returncode == 0, output
@@ -294,7 +294,7 @@ def role_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess[str]]:
             [ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
              str(playbook)],
             cwd=REPO, env=playbook_env(ANSIBLE_LOCALHOST_WARNING="0", **env), capture_output=True, text=True,
-            timeout=600, check=False,
+            timeout=180, check=False,
         )
 
     with ThreadPoolExecutor(max_workers=2) as pool:

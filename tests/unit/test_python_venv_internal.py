@@ -71,7 +71,7 @@ def run(playbook: Path, entry_point: str, *args: str, **extra) -> tuple[subproce
         [ANSIBLE_PLAYBOOK, "-i", "localhost,", str(playbook), *args,
          "-e", json.dumps({"ansible_python_interpreter": sys.executable, "entry_point": entry_point,
                            "python_venv_label": "test", **extra})],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
     )
     return result, " ".join((result.stdout + result.stderr).split())
 

@@ -70,7 +70,7 @@ def cache(tmp_path_factory) -> dict[str, Path]:
     cache_dir, home = root / "cache", root / "home"
     home.mkdir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "INFEROPS_CACHE_DIR": str(cache_dir)}
-    subprocess.run(["bash", "-c", f'source "{LIB}" && link_sandbox_paths'], env=env, check=True, timeout=600)
+    subprocess.run(["bash", "-c", f'source "{LIB}" && link_sandbox_paths'], env=env, check=True, timeout=60)
     links = cache_dir / "sandbox"
     targets = {name: Path(os.readlink(links / name)) for name in ("model", "wheelhouse", "router-wheelhouse")}
     for target in targets.values():
@@ -84,7 +84,7 @@ def cache(tmp_path_factory) -> dict[str, Path]:
 
 def _run(cache: dict[str, Path], *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
     run = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(INVENTORY), *args], cwd=REPO,
-                         env=_environment(cache["dir"], cache["home"]), capture_output=True, text=True, timeout=600,
+                         env=_environment(cache["dir"], cache["home"]), capture_output=True, text=True, timeout=180,
                          check=False)
     return run, run.stdout + run.stderr
 

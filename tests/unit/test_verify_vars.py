@@ -59,7 +59,7 @@ def test_the_version_metrics_url_and_kv_transport_come_from_the_records(tmp_path
     (tmp_path / "play.yml").write_text(PLAYBOOK, encoding="utf-8")
     run = subprocess.run(
         [ANSIBLE_PLAYBOOK, "-i", str(tmp_path / "hosts.json"), str(tmp_path / "play.yml"), "-e", json.dumps(extra)],
-        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=600, check=False)
+        cwd=REPO, env=playbook_env(), capture_output=True, text=True, timeout=120, check=False)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     assert f"RESOLVED {version} http://[::1]:29100/metrics {transport}" in output, output
