@@ -58,7 +58,7 @@ def test_the_summary_splits_each_workers_time_and_names_its_task(tmp_path):
     plugin = src / "ansible_collections/inferops/vllm/plugins/filter/some_filter.py"
     for pid, task in ((101, "Publish this host's resolved settings"), (102, "Publish this host's resolved settings"),
                       (103, "Write the config files")):
-        profile = cProfile.Profile()
+        profile = cProfile.Profile(time.process_time)  # CPU time: a test worker preempted mid-loop skews nothing
         profile.runcall(worker._run, _busy, environment, ssh, str(plugin))
         profile.dump_stats(str(out / f"{pid}.prof"))
         (out / f"{pid}.name").write_text(task, encoding="utf-8")
@@ -71,7 +71,7 @@ def test_the_summary_splits_each_workers_time_and_names_its_task(tmp_path):
     totals = summary["totals"]
     wall = totals["worker_wall"]
     # Each part is the share it was busy for (0.06, 0.10, 0.04 of about 0.22 s a worker), within the profiler's noise.
-    assert wall > 0.6, totals
+    assert 0.6 < wall < 0.8, totals
     assert 0.18 < totals["jinja_compile"] / wall < 0.36, totals
     assert 0.32 < totals["remote"] / wall < 0.58, totals
     assert 0.10 < totals["plugin_imports"] / wall < 0.26, totals
