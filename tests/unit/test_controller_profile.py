@@ -20,8 +20,8 @@ from controller_profile import summarize  # noqa: E402  (benchmarks/ is no packa
 FILES = {
     "jinja2/environment.py": "def compile(busy):\n    busy(0.06)\n",
     "ansible/plugins/connection/ssh.py": "def _low_level_execute_command(busy):\n    busy(0.10)\n",
-    "ansible_collections/inferops/vllm/plugins/filter/some_filter.py": (
-        "import time\n_t = time.process_time()\nwhile time.process_time() - _t < 0.04:\n    pass\n"),
+    # busy() is put in its globals before it runs (worker.py below), as the others get it as an argument.
+    "ansible_collections/inferops/vllm/plugins/filter/some_filter.py": "busy(0.04)\n",
     "ansible/executor/process/worker.py": (
         "import importlib.util\n"
         "def _run(busy, environment, ssh, plugin_file):\n"
@@ -29,7 +29,9 @@ FILES = {
         "    environment.compile(busy)\n"
         "    ssh._low_level_execute_command(busy)\n"
         "    spec = importlib.util.spec_from_file_location('some_filter', plugin_file)\n"
-        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "    module = importlib.util.module_from_spec(spec)\n"
+        "    module.busy = busy\n"
+        "    spec.loader.exec_module(module)\n"
     ),
 }
 
