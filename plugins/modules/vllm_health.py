@@ -587,7 +587,7 @@ import uuid  # noqa: E402
 from urllib.parse import urlparse  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
-from ansible.module_utils.urls import fetch_url  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.module_utils._http import fetch  # noqa: E402
 from ansible_collections.inferops.vllm.plugins.module_utils.vllm_metrics import (  # noqa: E402
     HAS_PROMETHEUS_CLIENT,
     PROMETHEUS_CLIENT_IMPORT_ERROR,
@@ -706,7 +706,8 @@ class VllmHealth:
         if body is not None:
             data = json.dumps(body)
             headers["Content-Type"] = "application/json"
-        resp, info = fetch_url(self.module, url, data=data, headers=headers, method=method, timeout=timeout)
+        resp, info = fetch(url, data=data, headers=headers, method=method, timeout=timeout,
+                           validate_certs=self.module.params["validate_certs"])
         status = info.get("status", -1)
         if status is not None and 200 <= status < 300 and resp is not None:
             try:

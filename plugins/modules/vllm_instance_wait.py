@@ -244,7 +244,7 @@ import re  # noqa: E402 (imports follow the documentation, as Ansible modules do
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.urls import open_url  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.module_utils._http import open_shared  # noqa: E402
 
 
 def argument_spec():
@@ -452,7 +452,7 @@ class VllmInstanceWait:
         """(healthy, text of the answer) of one GET /health."""
         timeout = max(1.0, min(self.request_timeout, deadline - self.clock()))
         try:
-            resp = open_url(
+            resp = open_shared(
                 inst["url"], method="GET", timeout=timeout, use_proxy=False, follow_redirects="none", use_netrc=False
             )
         except Exception as exc:  # HTTPError (503 while the engine is not ready), URLError, TimeoutError, ...

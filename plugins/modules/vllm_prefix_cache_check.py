@@ -248,7 +248,7 @@ import time  # noqa: E402
 from urllib.parse import urlparse  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
-from ansible.module_utils.urls import fetch_url  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.module_utils._http import fetch  # noqa: E402
 from ansible_collections.inferops.vllm.plugins.module_utils.vllm_metrics import (  # noqa: E402
     HAS_PROMETHEUS_CLIENT,
     PROMETHEUS_CLIENT_IMPORT_ERROR,
@@ -351,8 +351,9 @@ class PrefixCacheCheck:
         if body is not None:
             data = json.dumps(body)
             headers["Content-Type"] = "application/json"
-        resp, info = fetch_url(self.module, url, data=data, headers=headers, method="POST" if body is not None
-                               else "GET", timeout=timeout or self.timeout, ca_path=self.params["ca_path"])
+        resp, info = fetch(url, data=data, headers=headers, method="POST" if body is not None else "GET",
+                           timeout=timeout or self.timeout, validate_certs=self.params["validate_certs"],
+                           ca_path=self.params["ca_path"])
         status = info.get("status", -1)
         if status is not None and 200 <= status < 300 and resp is not None:
             return resp, None
