@@ -4,7 +4,9 @@ URL that open_url rejects."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import socket
 import ssl
 import threading
 
@@ -32,6 +34,14 @@ def server():
     yield f"http://127.0.0.1:{srv.server_port}"
     srv.shutdown()
     srv.server_close()
+
+
+@contextlib.contextmanager
+def socket_bound():
+    """A port bound and not listening, so a connection to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 @pytest.fixture()
@@ -71,16 +81,3 @@ def test_no_answer_and_a_bad_url_are_failed_requests_not_a_failed_module(fresh):
     resp, info = _http.fetch("nothing://here", timeout=2)
     assert resp is None and info["status"] == -1 and info["msg"], info
 
-
-class socket_bound:  # noqa: N801 - used as a context manager
-    """A port bound and not listening, so a connection to it is refused."""
-
-    def __enter__(self) -> int:
-        import socket  # noqa: PLC0415
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        return self.sock.getsockname()[1]
-
-    def __exit__(self, *_exc):
-        self.sock.close()
