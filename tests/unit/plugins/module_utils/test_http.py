@@ -80,4 +80,3 @@ def test_no_answer_and_a_bad_url_are_failed_requests_not_a_failed_module(fresh):
     assert resp is None and info["status"] == -1 and "refused" in info["msg"].lower(), info
     resp, info = _http.fetch("nothing://here", timeout=2)
     assert resp is None and info["status"] == -1 and info["msg"], info
-
