@@ -28,10 +28,11 @@ LIMIT_SECONDS = 10.0
 
 
 def _load_filter():
-    # The filter imports the collection's private plugin_utils and module_utils by their collection name: the
-    # checkout is linked as a collection under .ansible/collections (scripts/sandbox/tools.sh makes the link).
+    # The rules behind the pd_preflight filter import the collection's private plugin_utils and module_utils by
+    # their collection name: the checkout is linked as a collection under .ansible/collections
+    # (scripts/sandbox/tools.sh makes the link).
     sys.path.insert(0, str(REPO / ".ansible" / "collections"))
-    return importlib.import_module("ansible_collections.inferops.vllm.plugins.filter.preflight")
+    return importlib.import_module("ansible_collections.inferops.vllm.plugins.plugin_utils._preflight")
 
 
 def _settings(**kw):

@@ -32,8 +32,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ansible_collections.inferops.vllm.plugins.module_utils import vllm_metrics
-
 DATASETS = ("random", "prefix_repetition", "sharegpt")
 OTHER_DATASETS = ("random-mm", "random-rerank", "hf", "burstgpt", "custom", "custom_audio", "custom_image",
                   "spec_bench", "speed_bench", "timed_trace")
@@ -420,8 +418,17 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None
     return None
 
 
+def _metrics():
+    """plugins/module_utils/vllm_metrics.py, imported on first use, not with this file (see
+    plugins/filter/preflight.py on why)."""
+    from ansible_collections.inferops.vllm.plugins.module_utils import vllm_metrics
+
+    return vllm_metrics
+
+
 def _read(entry: Any) -> tuple[str, str, str, list | None, str | None]:
     """(label, role, url, samples or None, why not) of one /metrics read (a uri result of the role)."""
+    vllm_metrics = _metrics()
     entry = entry if isinstance(entry, Mapping) else {}
     item = entry.get("item") if isinstance(entry.get("item"), Mapping) else {}
     label = " ".join(str(item[k]) for k in ("host", "name") if item.get(k)) or "?"
@@ -461,6 +468,7 @@ def bench_kv(before: Any, after: Any, options: Mapping[str, Any] | None = None) 
         "instances": [], "problems": [],
     }
     problems: list[str] = out["problems"]
+    vllm_metrics = _metrics()
     if not vllm_metrics.HAS_PROMETHEUS_CLIENT:
         problems.append("the KV path was not measured: the controller's Python lacks prometheus_client, which reads "
                         "the instances' /metrics. Fix: pip install prometheus-client where ansible-playbook runs.")

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.inferops.vllm.plugins.plugin_utils import _kv_fabric
+
+
+def _rules():
+    """plugins/plugin_utils/_kv_fabric.py, imported on first use, not with this file (see plugins/filter/preflight.py
+    on why)."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils import _kv_fabric
+
+    return _kv_fabric
 
 
 def _published_instances(published):
@@ -43,7 +50,7 @@ def kv_fabric(instances, published, gpus=None, fabric=None, host=""):
     out, problems = [], []
     for inst in instances:
         settings = (by_name.get(inst.get("name")) or {}).get("settings") or published.get("settings") or {}
-        table, found = _kv_fabric.table(settings, variant, _bus_ids(inst.get("gpus"), gpus), facts)
+        table, found = _rules().table(settings, variant, _bus_ids(inst.get("gpus"), gpus), facts)
         problems += [f"instance {inst.get('name')}: {p}" for p in found]
         out.append({**inst, "kv_fabric": table if pd else None})
     if problems:
@@ -61,7 +68,7 @@ def kv_fabric_problems(fabric, published, require_nvidia_peermem=True):
         source = (f"vllm_instance_instances[{name}].overrides.kv_transport"
                   if "kv_transport" in (inst.get("overrides") or {}) else "vllm_instance_kv_transport")
         instances.append((name, inst.get("settings") or published.get("settings") or {}, source))
-    return _kv_fabric.host_problems(fabric, published.get("vllm_variant"), instances, bool(require_nvidia_peermem))
+    return _rules().host_problems(fabric, published.get("vllm_variant"), instances, bool(require_nvidia_peermem))
 
 
 def kv_transport(published):
@@ -69,7 +76,7 @@ def kv_transport(published):
     the build; the PD preflight makes every instance agree)."""
     instances = list(_published_instances(published).values())
     settings = (instances[0].get("settings") if instances else None) or published.get("settings") or {}
-    return _kv_fabric.transport(settings.get("kv_transport"), published.get("vllm_variant"))
+    return _rules().transport(settings.get("kv_transport"), published.get("vllm_variant"))
 
 
 class FilterModule:

@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_instance_schema as schema
-from ansible_collections.inferops.vllm.plugins.plugin_utils._instance_toml import RenderError, render_text
 
 
 def instance_toml(instance, settings, host):
     """The config.toml of one instance (see render_text)."""
+    # Imported on use, not with this file: see plugins/filter/preflight.py on why.
+    from ansible_collections.inferops.vllm.plugins.plugin_utils._instance_toml import RenderError, render_text
+
     for name, value in (("the instance", instance), ("settings", settings), ("host", host)):
         if not isinstance(value, Mapping):
             raise AnsibleFilterError(f"instance_toml: {name} must be a mapping")
@@ -31,6 +32,8 @@ def instance_toml(instance, settings, host):
 
 def instance_setting_names(prefix=""):
     """The per-instance settings, each with ``prefix`` before its name."""
+    from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_instance_schema as schema
+
     return [f"{prefix}{name}" for name in schema.SETTINGS]
 
 

@@ -13,7 +13,6 @@ import ipaddress
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import host_var
 
 # The record roles/vllm_instance/tasks/publish.yml sets on each prefill and decode host.
 PUBLISHED = "vllm_instance_published"
@@ -100,6 +99,9 @@ def front_endpoint(hostvars, groups, options=None):
         return out
     router = routers[0]
     variables = hostvars[router] if router in hostvars else {}
+    # Imported on use, not with this file: see plugins/filter/preflight.py on why.
+    from ansible_collections.inferops.vllm.plugins.plugin_utils._pd_values import host_var
+
     published, state = host_var(variables, ROUTER_PUBLISHED)
     if state != "set" or not isinstance(published, Mapping):
         out["router"] = router

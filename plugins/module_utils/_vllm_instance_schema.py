@@ -11,7 +11,7 @@ Who reads it
       role copies this file beside it (with _vllm_vocabulary.py), and the launcher imports it by its name
       from its own directory; build() turns a TOML this module accepts into ``vllm serve``'s argv;
     - the controller (plugins/plugin_utils/_instance_toml.py, the one renderer of the TOML, and the
-      preflight's launcher check, plugins/filter/preflight.py), which imports it as
+      preflight's launcher check, plugins/plugin_utils/_preflight.py), which imports it as
       ``ansible_collections.inferops.vllm.plugins.module_utils._vllm_instance_schema``.
 So it is standard library only, and runs on the hosts' python3 (3.10+) as on the controller.
 

@@ -7,7 +7,7 @@ PRIVATE to the inferops.vllm collection: no compatibility promise; anything here
 any release. Other collections must not import it.
 
 Who reads it
-    - the controller-side preflight (plugins/filter/preflight.py) imports it;
+    - the controller-side preflight (plugins/plugin_utils/_preflight.py) imports it;
     - the instance TOML's schema (_vllm_instance_schema.py beside it) imports it, on the controller as on the
       hosts, where the vllm_instance role copies both files beside the launcher
       (roles/vllm_instance/files/inferops_vllm_launch.py), which imports the schema by name from its directory.

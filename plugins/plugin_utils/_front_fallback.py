@@ -6,7 +6,7 @@
 PRIVATE to the inferops.vllm collection: no compatibility promise; anything here may change or go in
 any release. Other collections must not import it.
 
-The PD preflight (plugins/filter/preflight.py, check ``fallbacks``) runs them on the controller
+The PD preflight (plugins/plugin_utils/_preflight.py, check ``fallbacks``) runs them on the controller
 before any host is changed; the vllm_router role's own preflight runs the same function through the
 ``inferops.vllm.front_fallback_problems`` filter when the role runs on its own. Each problem is
 ``(variable, what, fix)``; no key is ever part of one.

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 from test_preflight_inventories import ANSIBLE_PLAYBOOK, CASES_DIR, RECAP_RE, REPO, playbook_env
 
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")

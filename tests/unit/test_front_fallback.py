@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 from test_preflight_inventories import ANSIBLE_PLAYBOOK, CASES_DIR, REPO, playbook_env
 
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")

@@ -1,6 +1,6 @@
 """vllm_install's preflight refuses bad package index settings before any host changes.
 
-The rules are the PD preflight's `install` rules (plugins/filter/preflight.py), which the role runs through
+The rules are the PD preflight's `install` rules (plugins/plugin_utils/_preflight.py), which the role runs through
 inferops.vllm.install_problems on its published record; tests/preflight/install_* run them in playbooks/preflight.yml.
 
 The real ansible-playbook runs the role's preflight entry point (the one deploy_pd.yml runs on every host

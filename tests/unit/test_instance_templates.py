@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import launcher
 
 REPO = Path(__file__).resolve().parents[2]

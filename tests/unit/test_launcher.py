@@ -1701,8 +1701,8 @@ def test_the_preflight_and_this_launcher_read_one_schema_and_one_vocabulary():
     # The launcher runs on hosts with the standard library only; it imports the collection's schema module
     # (beside it on a host, plugins/module_utils/ here), which imports the vocabulary beside it. The
     # controller-side preflight imports both modules by their collection names: one module each, no copy.
-    from ansible_collections.inferops.vllm.plugins.filter import preflight
     from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_instance_schema, _vllm_vocabulary
+    from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as preflight
 
     assert launch.schema is _vllm_instance_schema and preflight.schema is _vllm_instance_schema
     assert preflight.vocab is _vllm_vocabulary and VOCAB is _vllm_vocabulary

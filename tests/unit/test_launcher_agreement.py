@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_preflight import router
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import settings as base_settings

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
 from ansible_collections.inferops.vllm.plugins.module_utils import _vllm_vocabulary as vocab
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL, settings
 from ansible_collections.inferops.vllm.tests.unit.test_instance_templates import flat
 
@@ -182,5 +182,5 @@ def test_the_collection_artifact_holds_the_launcher_its_schema_and_vocabulary(tm
                      "plugins/module_utils/_vllm_instance_schema.py",
                      "plugins/plugin_utils/_model_facts.py", "plugins/plugin_utils/_kv_sizing.py",
                      "plugins/plugin_utils/_pd_instance.py", "plugins/plugin_utils/_pd_values.py",
-                     "plugins/filter/preflight.py"):
+                     "plugins/plugin_utils/_preflight.py"):
         assert relative in names, relative

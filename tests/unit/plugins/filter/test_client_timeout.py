@@ -1,13 +1,17 @@
 """The clients' timeout (inferops.vllm.client_timeout) is the preflight's client rule itself, and
-inferops.vllm.instance_limits gives what a request must fit (plugins/filter/preflight.py)."""
+inferops.vllm.instance_limits gives what a request must fit (plugins/plugin_utils/_preflight.py)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
-from ansible_collections.inferops.vllm.plugins.filter.preflight import client_timeout, instance_limits, pd_preflight
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
+from ansible_collections.inferops.vllm.plugins.plugin_utils._preflight import (
+    client_timeout,
+    instance_limits,
+    pd_preflight,
+)
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_preflight import instance, inventory
 
 QWEN = {"num_attention_heads": 40, "num_key_value_heads": 8, "num_hidden_layers": 48, "hidden_size": 5120,

@@ -7,7 +7,8 @@ at start, after every host had been changed. The role's preflight now refuses it
 from __future__ import annotations
 
 import pytest
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.plugins.filter.preflight import FilterModule
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 
 OWN = ["10.88.0.5", "192.168.7.20", "fd00::5", "fe80::a8c1:abff:fe12:3456%eth0"]
 
@@ -41,4 +42,4 @@ def test_no_address_in_the_facts_leaves_nothing_to_compare():
 
 
 def test_the_filter_is_registered():
-    assert pf.FilterModule().filters()["host_address_problems"] is pf.host_address_problems
+    assert FilterModule().filters()["host_address_problems"].__name__ == "host_address_problems"

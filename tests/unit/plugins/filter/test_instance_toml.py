@@ -127,7 +127,7 @@ def test_the_rendered_file_is_what_the_launcher_runs():
 def test_the_preflight_names_the_variable_of_every_string_setting(setting, override):
     """The preflight renders the TOML with the same function from what the host published, and names where a value
     the launcher refuses comes from: a setting needs no code of its own there."""
-    from ansible_collections.inferops.vllm.plugins.filter.preflight import launcher_problems
+    from ansible_collections.inferops.vllm.plugins.plugin_utils._preflight import launcher_problems
 
     bad = "not-a-value-vllm-takes"
     host_settings = {**defaults(), "kv_buffer_device": "cpu"}

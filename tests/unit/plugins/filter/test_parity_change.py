@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_instance_toml import defaults
 
 

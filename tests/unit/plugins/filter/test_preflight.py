@@ -1,4 +1,4 @@
-"""Unit tests for the inferops.vllm.pd_preflight and kv_sizing filters (plugins/filter/preflight.py).
+"""Unit tests for the inferops.vllm.pd_preflight and kv_sizing filters (plugins/plugin_utils/_preflight.py).
 
 The published dicts below have the shape roles/vllm_instance/tasks/publish.yml and
 playbooks/preflight.yml give them; tests/unit/test_preflight_inventories.py runs the real playbook.
@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
-from ansible_collections.inferops.vllm.plugins.filter.preflight import FilterModule, kv_sizing, pd_preflight
+from ansible_collections.inferops.vllm.plugins.filter import preflight as preflight_filters
+from ansible_collections.inferops.vllm.plugins.filter.preflight import FilterModule
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 from ansible_collections.inferops.vllm.plugins.plugin_utils._kv_sizing import kv_blocks, kv_bytes_per_token
+from ansible_collections.inferops.vllm.plugins.plugin_utils._preflight import kv_sizing, pd_preflight
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import COMMIT, GIB, SMOL, launcher, settings
 
 # Qwen2.5-14B-Instruct: 40 heads, 8 KV heads, 48 layers, head_dim 128.
@@ -219,11 +221,19 @@ def test_host_variables_named_like_the_plain_data_keys():
     assert len(kv_sizing(hostvars, groups)) == 2
 
 
-def test_registered_under_their_names():
-    filters = FilterModule().filters()
-    assert filters["pd_preflight"] is pf._pd_preflight_filter  # pd_preflight, and its warnings shown
-    assert filters["pd_preflight_warnings"] is pf.pd_preflight_warnings
-    assert filters["kv_sizing"] is kv_sizing
+@pytest.mark.parametrize("name", sorted(preflight_filters._FILTERS))
+def test_each_filter_calls_its_rule_with_the_arguments_given(monkeypatch, name):
+    # The filter file imports the rules on a filter's first call (plugins/filter/preflight.py says why); each
+    # name must reach its function here, with the arguments as given.
+    function_name = preflight_filters._FILTERS[name]
+    assert callable(getattr(pf, function_name))
+    monkeypatch.setattr(pf, function_name, lambda *args, **kwargs: (function_name, args, kwargs))
+    assert FilterModule().filters()[name]({"a": 1}, [2], extra=3) == (function_name, ({"a": 1}, [2]), {"extra": 3})
+
+
+def test_the_filters_are_the_rules_public_names():
+    assert preflight_filters._FILTERS["pd_preflight"] == "_pd_preflight_filter"  # pd_preflight, warnings shown
+    assert all(function == name for name, function in preflight_filters._FILTERS.items() if name != "pd_preflight")
 
 
 def test_the_filter_returns_the_problems_and_shows_the_warnings_as_ansible_warnings(monkeypatch):

