@@ -9,7 +9,8 @@ gets it as its fallback through a deploy_pd.yml re-run; then, through the front 
 - with every decode instance stopped, the same client calls (plain and streamed) succeed from the cloud, under
   the model name the client asked for, without the cloud's key in any answer, each counted in the front's
   fallback counter and in the cloud's own request counter;
-- back to local when decode returns (one decode instance started again).
+- back to local when decode returns (one decode instance started again);
+- a roll of that one decode instance, the other still stopped, refused before any change.
 
 The cloud's request counter (vLLM's vllm:request_success_total on the cloud instance) is the ground truth of
 what reached the cloud; the front's header and counter are checked against it.
@@ -310,3 +311,44 @@ def test_back_to_local_when_decode_returns(cloud, front_url):
         assert _podman_exec(DECODE, f"systemctl is-active {unit} || true").strip() != "active", unit
     _wait("the front's /health to say degraded", lambda: front_health(front_url) == (200, "degraded"), timeout=120,
           every=2)
+
+
+def _router_workers() -> list[dict]:
+    """Each router replica's worker list (its admin route on the router's loopback)."""
+    return [json.loads(_podman_exec(ROUTER, "python3 -c \"import urllib.request; print(urllib.request.urlopen("
+                                            f"'http://127.0.0.1:{port}/workers', timeout=10).read().decode())\""))
+            for port in (8300, 8301)]
+
+
+def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(cloud, front_url):
+    """Issue #23 point 4: with the other decode instance stopped (the previous test leaves one running), rolling the
+    one that serves is refused before any change, although the inventory's pool has two instances (so it is not
+    the pool-of-one refusal of the plan): every router would be left without a healthy decode worker. The
+    instance is not restarted and stays in both router replicas; the front still serves locally. (The same
+    refusal stops a vllm_rollout_serial batch that would take a whole pool out; unit-tested on fake routers.)"""
+    units = decode_units()
+    back, stopped = units[0], units[1:]
+    name = back.removeprefix("vllm@").removesuffix(".service")
+    for unit in stopped:
+        assert _podman_exec(DECODE, f"systemctl is-active {unit} || true").strip() != "active", unit
+    started_before = _podman_exec(DECODE, f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {back}")
+    assert name == "decode-0", units  # converge's and the day-2 file's first decode instance, on port 8200
+    url = f"http://{container_ip(DECODE)}:8200"
+    # The inventory the deployment was last made from: the day-2 file's (its pool), else molecule's.
+    marker = os.path.join(cloud["dir"], FALLBACKS_DEPLOYED)
+    inventory = os.path.join(EPHEMERAL, "inventory")
+    if os.path.exists(marker):
+        with open(marker) as f:
+            inventory = f.read().strip()
+    run = deploy_playbook(inventory, "rolling_restart.yml", "-e", json.dumps({"vllm_rollout_instances": [name]}),
+                          "-e", "vllm_rollout_allow_downtime=false")
+    output = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode != 0, output[-3000:]
+    assert f"The rolling restart stopped at {name}" in output, output[-3000:]
+    assert f"Taking {url} out would leave a router without a healthy worker of its kind" in output, output[-3000:]
+    assert f"{name} rolled" not in output
+    assert _podman_exec(DECODE, f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {back}") == started_before
+    for workers in _router_workers():
+        assert url in {w["url"] for w in workers["workers"] if w["is_healthy"]}, workers
+    status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), secret("client_api_key"))
+    assert status == 200 and headers.get(SERVED_BY) == "local", (status, body[:500])
