@@ -238,6 +238,16 @@ def unit_cpu_seconds(host, unit: str) -> float:
     return float(host.check_output("python3 -c %s %s", _UNIT_CPU_SCRIPT, unit))
 
 
+def router_workers(router_host) -> list[dict]:
+    """Each vllm-router replica's worker list (its admin route /workers on the router host's loopback)."""
+    out = []
+    for port in (8300, 8301):
+        body = router_host.check_output(
+            f"python3 -c \"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:{port}/workers').read().decode())\"")
+        out.append(json.loads(body))
+    return out
+
+
 def journal_tail(host, unit: str, lines: int = 60) -> str:
     """The unit's last journal lines, for the message of a failed test."""
     return host.run(f"journalctl -u {unit} -n {lines} --no-pager -o cat").stdout

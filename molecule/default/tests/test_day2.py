@@ -52,6 +52,7 @@ from conftest import (
     journal_tail,
     metric_samples,
     prefill_for_remote_decode,
+    router_workers,
     secret,
 )
 from sandbox_faults import kill_vllm_command, peer_block_rules
@@ -87,16 +88,6 @@ def unit_start(host, unit: str) -> tuple[str, str]:
     out = host.check_output(f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {unit}")
     values = dict(line.split("=", 1) for line in out.splitlines())
     return values["MainPID"], values["ActiveEnterTimestampMonotonic"]
-
-
-def router_workers(router_host) -> list[dict]:
-    """Each router replica's worker list (its admin route on the router's loopback)."""
-    out = []
-    for port in (8300, 8301):
-        body = router_host.check_output(
-            f"python3 -c \"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:{port}/workers').read().decode())\"")
-        out.append(json.loads(body))
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ from conftest import (
     front_ca,
     front_health,
     metric_samples,
+    router_workers,
     secret,
 )
 from sandbox_faults import kill_vllm_command
@@ -313,14 +314,7 @@ def test_back_to_local_when_decode_returns(cloud, front_url):
           every=2)
 
 
-def _router_workers() -> list[dict]:
-    """Each router replica's worker list (its admin route on the router's loopback)."""
-    return [json.loads(_podman_exec(ROUTER, "python3 -c \"import urllib.request; print(urllib.request.urlopen("
-                                            f"'http://127.0.0.1:{port}/workers', timeout=10).read().decode())\""))
-            for port in (8300, 8301)]
-
-
-def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(cloud, front_url):
+def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(cloud, front_url, router_host):
     """Issue #23 point 4: with the other decode instance stopped (the previous test leaves one running), rolling the
     one that serves is refused before any change, although the inventory's pool has two instances (so it is not
     the pool-of-one refusal of the plan): every router would be left without a healthy decode worker. The
@@ -348,7 +342,7 @@ def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(cloud, 
     assert f"Taking {url} out would leave a router without a healthy worker of its kind" in output, output[-3000:]
     assert f"{name} rolled" not in output
     assert _podman_exec(DECODE, f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {back}") == started_before
-    for workers in _router_workers():
+    for workers in router_workers(router_host):
         assert url in {w["url"] for w in workers["workers"] if w["is_healthy"]}, workers
     status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), secret("client_api_key"))
     assert status == 200 and headers.get(SERVED_BY) == "local", (status, body[:500])
