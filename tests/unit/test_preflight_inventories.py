@@ -348,3 +348,14 @@ def test_the_roles_preflight_refuses_an_address_the_host_does_not_have(role_runs
     assert "[network] localhost: vllm_instance_host_address: is '203.0.113.77', which is not an address of this host" \
         in output, output
     assert re.search(r"changed=0 .*failed=1", output), output
+
+
+def test_the_docs_count_the_inventories_this_file_runs():
+    """docs/testing.md says how many inventories run through preflight.yml: the count follows the cases (it once
+    said 38 when there were 56)."""
+    text = " ".join((REPO / "docs" / "testing.md").read_text(encoding="utf-8").split())
+    found = re.search(r"(\d+) inventories run through `preflight\.yml` \((\d+) bad ones", text)
+    assert found, "docs/testing.md no longer says how many inventories run through preflight.yml"
+    assert (int(found.group(1)), int(found.group(2))) == (len(CASES), len(BAD)), (
+        f"docs/testing.md says {found.group(0)!r}; tests/preflight has {len(CASES)} cases, {len(BAD)} bad: "
+        "update the sentence")
