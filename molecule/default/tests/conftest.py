@@ -238,6 +238,13 @@ def unit_cpu_seconds(host, unit: str) -> float:
     return float(host.check_output("python3 -c %s %s", _UNIT_CPU_SCRIPT, unit))
 
 
+def unit_start(host, unit: str) -> tuple[str, str]:
+    """(MainPID, ActiveEnterTimestampMonotonic) of a unit: both change when it restarts."""
+    out = host.check_output(f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {unit}")
+    values = dict(line.split("=", 1) for line in out.splitlines())
+    return values["MainPID"], values["ActiveEnterTimestampMonotonic"]
+
+
 def router_workers(router_host) -> list[dict]:
     """Each vllm-router replica's worker list (its admin route /workers on the router host's loopback)."""
     out = []

@@ -54,6 +54,7 @@ from conftest import (
     prefill_for_remote_decode,
     router_workers,
     secret,
+    unit_start,
 )
 from sandbox_faults import kill_vllm_command, peer_block_rules
 
@@ -81,13 +82,6 @@ MAX_GAP = 20
 # it leaves behind (the unit's TimeoutStopSec is the drain plus 15 s).
 STOP_BOUND_SECONDS = 25
 HEALTH_8200 = "python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8200/health', timeout=5)\""
-
-
-def unit_start(host, unit: str) -> tuple[str, str]:
-    """(MainPID, ActiveEnterTimestampMonotonic) of a unit: both change when it restarts."""
-    out = host.check_output(f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {unit}")
-    values = dict(line.split("=", 1) for line in out.splitlines())
-    return values["MainPID"], values["ActiveEnterTimestampMonotonic"]
 
 
 @pytest.fixture(scope="module")

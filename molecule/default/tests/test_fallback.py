@@ -42,6 +42,7 @@ from conftest import (
     metric_samples,
     router_workers,
     secret,
+    unit_start,
 )
 from sandbox_faults import kill_vllm_command
 
@@ -140,13 +141,18 @@ def cloud():
     cloud_dir = cloud_deployed()
     with open(os.path.join(cloud_dir, "api_key")) as f:
         cloud_key = f.read().split()[0]
-    if not os.path.exists(os.path.join(cloud_dir, FALLBACKS_DEPLOYED)):
-        deploy = deploy_playbook(os.path.join(EPHEMERAL, "inventory"), "deploy_pd.yml", "-e",
-                                 f"@{cloud_dir}/fallbacks.yml")
+    # The inventory the deployment was last made from: the day-2 file's (it wrote its path there), else molecule's.
+    marker = os.path.join(cloud_dir, FALLBACKS_DEPLOYED)
+    inventory = os.path.join(EPHEMERAL, "inventory")
+    if os.path.exists(marker):
+        with open(marker) as f:
+            inventory = f.read().strip()
+    else:
+        deploy = deploy_playbook(inventory, "deploy_pd.yml", "-e", f"@{cloud_dir}/fallbacks.yml")
         assert deploy.returncode == 0, deploy.stdout[-8000:] + deploy.stderr[-3000:]
         # The cloud's key is nowhere in what the deploy printed.
         assert cloud_key not in deploy.stdout + deploy.stderr
-    return {"key": cloud_key, "dir": cloud_dir}
+    return {"key": cloud_key, "dir": cloud_dir, "inventory": inventory}
 
 
 def test_the_cloud_is_a_real_vllm_behind_tls_with_its_own_key(cloud):
@@ -314,7 +320,8 @@ def test_back_to_local_when_decode_returns(cloud, front_url):
           every=2)
 
 
-def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(cloud, front_url, router_host):
+def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(cloud, front_url, decode_host,
+                                                                           router_host):
     """Issue #23 point 4: with the other decode instance stopped (the previous test leaves one running), rolling the
     one that serves is refused before any change, although the inventory's pool has two instances (so it is not
     the pool-of-one refusal of the plan): every router would be left without a healthy decode worker. The
@@ -323,25 +330,20 @@ def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(cloud, 
     units = decode_units()
     back, stopped = units[0], units[1:]
     name = back.removeprefix("vllm@").removesuffix(".service")
-    for unit in stopped:
-        assert _podman_exec(DECODE, f"systemctl is-active {unit} || true").strip() != "active", unit
-    started_before = _podman_exec(DECODE, f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {back}")
     assert name == "decode-0", units  # converge's and the day-2 file's first decode instance, on port 8200
     url = f"http://{container_ip(DECODE)}:8200"
-    # The inventory the deployment was last made from: the day-2 file's (its pool), else molecule's.
-    marker = os.path.join(cloud["dir"], FALLBACKS_DEPLOYED)
-    inventory = os.path.join(EPHEMERAL, "inventory")
-    if os.path.exists(marker):
-        with open(marker) as f:
-            inventory = f.read().strip()
-    run = deploy_playbook(inventory, "rolling_restart.yml", "-e", json.dumps({"vllm_rollout_instances": [name]}),
+    for unit in stopped:
+        assert _podman_exec(DECODE, f"systemctl is-active {unit} || true").strip() != "active", unit
+    started_before = unit_start(decode_host, back)
+    instances = json.dumps({"vllm_rollout_instances": [name]})
+    run = deploy_playbook(cloud["inventory"], "rolling_restart.yml", "-e", instances,
                           "-e", "vllm_rollout_allow_downtime=false")
     output = " ".join((run.stdout + run.stderr).split())
     assert run.returncode != 0, output[-3000:]
     assert f"The rolling restart stopped at {name}" in output, output[-3000:]
     assert f"Taking {url} out would leave a router without a healthy worker of its kind" in output, output[-3000:]
     assert f"{name} rolled" not in output
-    assert _podman_exec(DECODE, f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {back}") == started_before
+    assert unit_start(decode_host, back) == started_before
     for workers in router_workers(router_host):
         assert url in {w["url"] for w in workers["workers"] if w["is_healthy"]}, workers
     status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), secret("client_api_key"))
