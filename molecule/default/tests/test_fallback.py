@@ -320,8 +320,8 @@ def test_back_to_local_when_decode_returns(cloud, front_url):
           every=2)
 
 
-def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(cloud, front_url, decode_host,
-                                                                           router_host):
+def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(
+        cloud, front_url, decode_host, router_host):
     """Issue #23 point 4: with the other decode instance stopped (the previous test leaves one running), rolling the
     one that serves is refused before any change, although the inventory's pool has two instances (so it is not
     the pool-of-one refusal of the plan): every router would be left without a healthy decode worker. The
