@@ -304,3 +304,19 @@ def test_the_unit_has_no_line_outside_its_comments_and_sections(renders):
             text = unit.read_text(encoding="utf-8")
             assert "# Runtime: vLLM " in text and "revision 0123456789abcdef" in text.split("# Runtime: ", 1)[1].split(
                 "\n", 1)[0], text[:800]
+
+
+def test_the_units_runtime_line_names_every_field_of_the_install_fingerprint():
+    """Each field of vllm_install's install fingerprint makes another venv version directory, which a running
+    instance only uses once it restarts; the unit's `# Runtime:` line is what restarts (or marks) the instances
+    when what they loaded changes. A field missing from the line switched the venv under running instances and
+    restarted none, and a later prune could remove the version they still ran from: the install source was,
+    until molecule's upgrade test (tests/test_fallback.py, last) found it."""
+    fingerprint = yaml.safe_load((REPO / "roles" / "vllm_install" / "vars" / "main.yml").read_text(
+        encoding="utf-8"))["_vllm_install_fingerprint"]
+    runtime = yaml.safe_load((ROLE / "vars" / "main.yml").read_text(encoding="utf-8"))["_vllm_instance_runtime"]
+    assert fingerprint, "vllm_install's fingerprint moved: see roles/vllm_install/vars/main.yml"
+    for field, value in fingerprint.items():
+        variable = re.fullmatch(r"\{\{ (vllm_install_\w+) \}\}", value)
+        assert variable, f"{field}: {value!r} is not one of vllm_install's variables"
+        assert re.search(rf"\b{variable.group(1)}\b", runtime), f"{field} ({variable.group(1)}) not in the runtime line"
