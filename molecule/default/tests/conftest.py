@@ -95,7 +95,8 @@ def playbook_environment() -> dict[str, str]:
 
 
 def deploy_playbook(inventory: str, name: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    """ansible-playbook of this checkout's playbooks/NAME with molecule's ansible.cfg, output captured, in
+    """ansible-playbook of this checkout's playbooks/NAME (NAME with a slash: that path in the checkout, e.g.
+    molecule/default/cloud.yml) with molecule's ansible.cfg, output captured, in
     playbook_environment() (no INFEROPS_* variable but the cache directory). Each run's output also goes to
     INFEROPS_TEST_LOG_DIR (scripts/test.sh sets it) with its wall time, so that the test run ends with every
     playbook's task-timing recap, passing or not."""
@@ -105,13 +106,14 @@ def deploy_playbook(inventory: str, name: str, *args: str, timeout: int = 1800) 
     if os.path.isfile(cfg):
         env["ANSIBLE_CONFIG"] = cfg
     started = time.monotonic()
-    run = subprocess.run(["ansible-playbook", "-i", inventory, os.path.join(project, "playbooks", name), *args],
+    path = os.path.join(project, name) if "/" in name else os.path.join(project, "playbooks", name)
+    run = subprocess.run(["ansible-playbook", "-i", inventory, path, *args],
                          cwd=project, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     log_dir = os.environ.get("INFEROPS_TEST_LOG_DIR")
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
         number = len([f for f in os.listdir(log_dir) if f.endswith(".log")]) + 1
-        with open(os.path.join(log_dir, f"{number:02d}-{name}.log"), "w") as log:
+        with open(os.path.join(log_dir, f"{number:02d}-{os.path.basename(name)}.log"), "w") as log:
             log.write(f"# ansible-playbook {name} {' '.join(args)}: rc {run.returncode}, "
                       f"{time.monotonic() - started:.0f} s\n{run.stdout}{run.stderr}")
     return run

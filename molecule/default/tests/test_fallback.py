@@ -10,7 +10,10 @@ gets it as its fallback through a deploy_pd.yml re-run; then, through the front 
   the model name the client asked for, without the cloud's key in any answer, each counted in the front's
   fallback counter and in the cloud's own request counter;
 - back to local when decode returns (one decode instance started again);
-- a roll of that one decode instance, the other still stopped, refused before any change.
+- a roll of that one decode instance, the other still stopped, refused before any change;
+- last, an upgrade of the cloud itself (another install fingerprint): the new venv beside the running one, the
+  instance restarted at once (its `vllm_instance_restart_strategy: immediate`), the old version pruned (issue #23
+  point 4).
 
 The cloud's request counter (vLLM's vllm:request_success_total on the cloud instance) is the ground truth of
 what reached the cloud; the front's header and counter are checked against it.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 import subprocess
 import time
@@ -30,6 +34,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import testinfra
 from conftest import (
     DECODE,
     FALLBACKS_DEPLOYED,
@@ -39,6 +44,7 @@ from conftest import (
     deploy_playbook,
     front_ca,
     front_health,
+    inline_playbook,
     metric_samples,
     router_workers,
     secret,
@@ -348,3 +354,93 @@ def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(
         assert url in {w["url"] for w in workers["workers"] if w["is_healthy"]}, workers
     status, headers, body = _call(f"{front_url}/v1/chat/completions", _chat(front_url), secret("client_api_key"))
     assert status == 200 and headers.get(SERVED_BY) == "local", (status, body[:500])
+
+
+# The cloud's install from molecule's package index instead of the wheelhouse (the decode host's settings,
+# host_vars/molecule-decode.yml): another install fingerprint, as a new vLLM or NIXL pin would give.
+CLOUD_UPGRADE = """\
+vllm_install_source: index
+vllm_install_index_url: "{{ lookup('ansible.builtin.file', inferops_sandbox_secrets_dir ~ '/index-url') }}"
+vllm_install_extra_index_urls:
+  - "{{ lookup('ansible.builtin.file', inferops_sandbox_secrets_dir ~ '/index-extra-url') }}"
+vllm_install_index_username: "{{ lookup('ansible.builtin.file', inferops_sandbox_secrets_dir ~ '/index-username') }}"
+vllm_install_index_password: "{{ lookup('ansible.builtin.file', inferops_sandbox_secrets_dir ~ '/index-password') }}"
+vllm_install_index_ca_file: "{{ inferops_sandbox_secrets_dir }}/index-ca.pem"
+"""
+PRUNE = """\
+- name: Prune the cloud's vLLM venvs, keeping the live one only
+  hosts: cloud
+  gather_facts: false
+  become: true
+  tasks:
+    - name: Remove old versions of the vLLM venv
+      ansible.builtin.include_role:
+        name: inferops.vllm.vllm_install
+        tasks_from: prune
+      vars:
+        vllm_install_keep_previous: 0
+"""
+
+
+def _cloud_process(cloud_host) -> tuple[str, str, list[str]]:
+    """(MainPID, its start, the vLLM child's argv) of the cloud's instance vllm-0."""
+    pid, since = unit_start(cloud_host, "vllm@vllm-0")
+    children = cloud_host.check_output(f"ps -o pid= --ppid {pid}").split()
+    assert len(children) == 1, children
+    return pid, since, cloud_host.file(f"/proc/{children[0]}/cmdline").content_string.split("\0")
+
+
+def _cloud_models(cloud) -> list[str]:
+    request = urllib.request.Request(f"https://{container_ip(CLOUD)}:8443/v1/models",
+                                     headers={"Authorization": f"Bearer {cloud['key']}"})
+    context = ssl.create_default_context(cafile=os.path.join(cloud["dir"], "ca.pem"))
+    with urllib.request.urlopen(request, timeout=30, context=context) as r:
+        return [m["id"] for m in json.loads(r.read())["data"]]
+
+
+def test_an_upgrade_installs_beside_the_running_vllm_restarts_it_at_once_and_prunes(cloud, tmp_path):
+    """Issue #23 point 4, an upgrade end to end and `vllm_instance_restart_strategy: immediate` after a change, on
+    the cloud (cloud.yml sets the strategy: no rolling_restart.yml runs for the cloud), last because it restarts the
+    cloud's vLLM. cloud.yml re-run with another install fingerprint (the index instead of the wheelhouse, as a new
+    pin would give): the new venv is installed in a version directory beside the running one, which stays as it
+    was; the link switches; the running instance restarts within the run (the role waits for its /health) onto
+    the new venv's Python; no restart mark is left; then the prune entry point removes the old version and not the
+    live one, under the running instance, which still answers. With `rolling` the run would have marked it and
+    left it running (the handler's choice, tests/unit/test_instance_restarts.py; deploy_pd.yml's roll is the day-2
+    run's); the mechanics of the version directories are unit-tested on small venvs (test_python_venv_versions.py)."""
+    cloud_host = testinfra.get_host(f"podman://{CLOUD}")
+    old = cloud_host.check_output("readlink -f /opt/vllm/venv")
+    old_marker = cloud_host.file(f"{old}/.inferops-vllm-install.json").content_string
+    assert json.loads(old_marker)["source"] == "wheelhouse", old_marker
+    pid_before, since_before, argv = _cloud_process(cloud_host)
+    assert argv[0].startswith(old + "/bin/python"), (old, argv)
+    upgrade = tmp_path / "upgrade.yml"
+    upgrade.write_text(CLOUD_UPGRADE)
+    run = deploy_playbook(os.path.join(EPHEMERAL, "inventory"), "molecule/default/cloud.yml",
+                          "-e", f"cloud_dir={cloud['dir']}", "-e", f"@{upgrade}")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert cloud["key"] not in output and secret("index-password") not in output
+    new = cloud_host.check_output("readlink -f /opt/vllm/venv")
+    assert new != old and os.path.dirname(new) == os.path.dirname(old) == "/opt/vllm/venv.d", (old, new)
+    assert json.loads(cloud_host.file(f"{new}/.inferops-vllm-install.json").content_string)["source"] == "index"
+    # The running install was left as it was (a process still running from it keeps its files).
+    assert cloud_host.file(f"{old}/.inferops-vllm-install.json").content_string == old_marker
+    # The role's handler restarted the instance within the run (the task's own output, up to the next one).
+    handler = "RUNNING HANDLER [inferops.vllm.vllm_instance : Restart the instances that do not run or roll]"
+    assert handler in output, output[-4000:]
+    restarted = re.split(r"\n(?:TASK|RUNNING HANDLER) \[", output[output.index(handler):])[0]
+    assert f"changed: [{CLOUD}] => (item=vllm-0)" in restarted, restarted
+    pid, since, argv = _cloud_process(cloud_host)
+    assert pid != pid_before and since != since_before, (pid_before, pid)
+    assert argv[0].startswith(new + "/bin/python"), (new, argv)
+    assert cloud_host.run("ls /var/lib/inferops-vllm/restart-pending").stdout.strip() == ""
+    assert _cloud_models(cloud) == [CLOUD_MODEL]  # healthy before the run ended: the role waited
+    # The prune: the old version goes, the live one stays, the instance keeps running and answering.
+    pruned = inline_playbook(PRUNE, tmp_path)
+    said = " ".join((pruned.stdout + pruned.stderr).split())
+    assert pruned.returncode == 0, said[-3000:]
+    assert f"vLLM: live {new}; removed {old}; kept no previous install" in said, said[-3000:]
+    assert not cloud_host.file(old).exists and cloud_host.file(f"{new}/bin/python").exists
+    assert unit_start(cloud_host, "vllm@vllm-0") == (pid, since)
+    assert _cloud_models(cloud) == [CLOUD_MODEL]
