@@ -18,7 +18,7 @@ gets it as its fallback through a deploy_pd.yml re-run; then, through the front 
 The cloud's request counter (vLLM's vllm:request_success_total on the cloud instance) is the ground truth of
 what reached the cloud; the front's header and counter are checked against it.
 
-This changes the deployment (the front's settings, decode stopped and started), so it carries the
+This changes the deployment (the front's settings, decode stopped and started, the cloud's venv), so it carries the
 `changes_deployment` mark and runs after the tests that only read it.
 """
 
@@ -35,6 +35,7 @@ import urllib.request
 
 import pytest
 import testinfra
+import yaml
 from conftest import (
     DECODE,
     FALLBACKS_DEPLOYED,
@@ -171,9 +172,7 @@ def test_the_cloud_is_a_real_vllm_behind_tls_with_its_own_key(cloud):
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(ours, timeout=30, context=ctx)
     assert exc.value.code == 401
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {cloud['key']}"})
-    with urllib.request.urlopen(req, timeout=30, context=ctx) as resp:
-        assert [m["id"] for m in json.loads(resp.read())["data"]] == [CLOUD_MODEL]
+    assert _cloud_models(cloud) == [CLOUD_MODEL]
 
 
 def test_healthy_pool_answers_locally_and_a_client_error_is_not_retried(cloud, front_url):
@@ -356,17 +355,6 @@ def test_a_rollout_does_not_take_out_the_last_healthy_instance_of_a_pool(
     assert status == 200 and headers.get(SERVED_BY) == "local", (status, body[:500])
 
 
-# The cloud's install from molecule's package index instead of the wheelhouse (the decode host's settings,
-# host_vars/molecule-decode.yml): another install fingerprint, as a new vLLM or NIXL pin would give.
-CLOUD_UPGRADE = """\
-vllm_install_source: index
-vllm_install_index_url: "{{ lookup('ansible.builtin.file', inferops_sandbox_secrets_dir ~ '/index-url') }}"
-vllm_install_extra_index_urls:
-  - "{{ lookup('ansible.builtin.file', inferops_sandbox_secrets_dir ~ '/index-extra-url') }}"
-vllm_install_index_username: "{{ lookup('ansible.builtin.file', inferops_sandbox_secrets_dir ~ '/index-username') }}"
-vllm_install_index_password: "{{ lookup('ansible.builtin.file', inferops_sandbox_secrets_dir ~ '/index-password') }}"
-vllm_install_index_ca_file: "{{ inferops_sandbox_secrets_dir }}/index-ca.pem"
-"""
 PRUNE = """\
 - name: Prune the cloud's vLLM venvs, keeping the live one only
   hosts: cloud
@@ -414,8 +402,13 @@ def test_an_upgrade_installs_beside_the_running_vllm_restarts_it_at_once_and_pru
     assert json.loads(old_marker)["source"] == "wheelhouse", old_marker
     pid_before, since_before, argv = _cloud_process(cloud_host)
     assert argv[0].startswith(old + "/bin/python"), (old, argv)
+    # The cloud's install from molecule's package index instead of the wheelhouse, with the decode host's settings
+    # (its host_vars: the index, its credentials, its CA).
+    with open(os.path.join(os.path.dirname(__file__), "..", "host_vars", f"{DECODE}.yml")) as f:
+        index = {k: v for k, v in yaml.safe_load(f).items() if k.startswith("vllm_install_")}
+    assert index["vllm_install_source"] == "index", index
     upgrade = tmp_path / "upgrade.yml"
-    upgrade.write_text(CLOUD_UPGRADE)
+    upgrade.write_text(yaml.safe_dump(index))
     run = deploy_playbook(os.path.join(EPHEMERAL, "inventory"), "molecule/default/cloud.yml",
                           "-e", f"cloud_dir={cloud['dir']}", "-e", f"@{upgrade}")
     output = run.stdout + run.stderr
