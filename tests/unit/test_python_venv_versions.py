@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,48 @@ def test_prune_removes_nothing_without_a_link_into_the_versions_directory(tmp_pa
 
     run, output = play(tmp_path, "prune", python_venv_path=str(venv), python_venv_keep_previous=-1)[:2]
     assert run.returncode != 0 and "python_venv_keep_previous must be a whole number" in output, output
+
+
+def test_prune_keeps_an_install_a_process_still_uses_and_says_which(tmp_path):
+    """A version directory that a running process still uses (as its working directory, in its command line as the
+    launcher starts vLLM, or through a mapped file, as vLLM maps torch's libraries) is kept and named with the
+    process; once the process is gone, the next prune removes it. Unused ones go at once."""
+    venv = tmp_path / "venv"
+    live = install(venv, {"version": "5.0.0"}, mtime=5_000)
+    as_cwd = install(venv, {"version": "4.0.0"}, mtime=4_000)
+    as_argv = install(venv, {"version": "3.0.0"}, mtime=3_000)
+    as_map = install(venv, {"version": "2.0.0"}, mtime=2_000)
+    unused = install(venv, {"version": "1.0.0"}, mtime=1_000)
+    venv.symlink_to(live)
+    (as_argv / "bin" / "python3").symlink_to(sys.executable)  # a venv's python, as vLLM's argv[0] names it
+    (as_map / "lib.so").write_bytes(b"\0" * 4096)
+    sleep = "import time; time.sleep(120)"
+    # The mapped file's path in the environment, not the command line: the map alone must keep it.
+    mapper = ("import mmap, os, time; f = open(os.environ['MAPPED'], 'rb'); m = mmap.mmap(f.fileno(), 0,"
+              " prot=mmap.PROT_READ); f.close(); print('mapped', flush=True); time.sleep(120)")
+    processes = [
+        subprocess.Popen([sys.executable, "-c", sleep], cwd=as_cwd),
+        subprocess.Popen([str(as_argv / "bin" / "python3"), "-c", sleep], cwd=tmp_path),
+        subprocess.Popen([sys.executable, "-c", mapper], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "MAPPED": str(as_map / "lib.so")}),
+    ]
+    try:
+        assert processes[2].stdout.readline() == "mapped\n"
+        run, output, changed = play(tmp_path, "prune", python_venv_path=str(venv), python_venv_keep_previous=0)
+        assert run.returncode == 0, output
+        assert f"live {live}; removed {unused};" in output, output
+        for directory, process, how in ((as_cwd, processes[0], f"working directory {as_cwd}"),
+                                        (as_argv, processes[1], f"command line {as_argv}/bin/python3"),
+                                        (as_map, processes[2], f"maps {as_map}/lib.so")):
+            assert f"kept {directory}, in use by pid {process.pid} (" in output, output
+            assert how in output, output
+            assert directory.is_dir()
+        assert not unused.exists()
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    run, output, changed = play(tmp_path, "prune", python_venv_path=str(venv), python_venv_keep_previous=0)
+    assert run.returncode == 0 and changed > 0, output
+    assert "in use by" not in output, output
+    assert [p.name for p in venv.with_name("venv.d").iterdir()] == [live.name]

@@ -429,7 +429,30 @@ def test_an_upgrade_installs_beside_the_running_vllm_restarts_it_at_once_and_pru
     assert argv[0].startswith(new + "/bin/python"), (new, argv)
     assert cloud_host.run("ls /var/lib/inferops-vllm/restart-pending").stdout.strip() == ""
     assert _cloud_models(cloud) == [CLOUD_MODEL]  # healthy before the run ended: the role waited
-    # The prune: the old version goes, the live one stays, the instance keeps running and answering.
+    # A process of the vLLM user still running from the old version (as an instance marked for a restart that has
+    # not rolled would, its argv[0] the old directory's Python): the prune keeps that directory and names it. In the
+    # container, root cannot read another user's maps (no CAP_SYS_PTRACE): its command line is what shows it.
+    straggler = "import time; time.sleep(600)  # inferops-prune-straggler"
+    subprocess.run(["podman", "exec", "--detach", "--user", "vllm", CLOUD, f"{old}/bin/python3", "-c", straggler],
+                   check=True, capture_output=True, text=True, timeout=60)
+    try:
+        holder = cloud_host.check_output("pgrep -u vllm -f inferops-prune-straggler")
+        pruned = inline_playbook(PRUNE, tmp_path)
+        said = " ".join((pruned.stdout + pruned.stderr).split())
+        assert pruned.returncode == 0, said[-3000:]
+        assert f"vLLM: live {new}; removed nothing;" in said, said[-3000:]
+        assert f"kept {old}, in use by pid {holder} (python3" in said, said[-3000:]
+        assert f"command line {old}/bin/python3)" in said, said[-3000:]
+        assert "checked by their command lines only: their files and maps cannot be read without CAP_SYS_PTRACE" \
+            in said, said[-3000:]
+        assert cloud_host.file(f"{old}/bin/python3").exists
+    finally:
+        cloud_host.run("pkill -u vllm -f inferops-prune-straggler")
+    # Once nothing uses it: the old version goes, the live one stays, the instance keeps running and answering.
+    for _ in range(50):
+        if cloud_host.run("pgrep -u vllm -f inferops-prune-straggler").rc != 0:
+            break
+        time.sleep(0.1)
     pruned = inline_playbook(PRUNE, tmp_path)
     said = " ".join((pruned.stdout + pruned.stderr).split())
     assert pruned.returncode == 0, said[-3000:]
