@@ -119,6 +119,23 @@ def deploy_playbook(inventory: str, name: str, *args: str, timeout: int = 1800) 
     return run
 
 
+def task_blocks(output: str, name: str, kind: str = "TASK") -> list[str]:
+    """What a task (``kind`` TASK) or a handler (``RUNNING HANDLER``) named ``name`` (``inferops.vllm.role : Name``
+    for a role's) reported in an ansible-playbook output: one block per time it ran, each up to the next task or
+    handler, with its lines per host and item."""
+    blocks = re.split(r"\n(?=(?:TASK|RUNNING HANDLER) \[)", "\n" + output)
+    return [block.partition("\n")[2] for block in blocks if block.startswith(f"{kind} [{name}]")]
+
+
+def task_result(output: str, task: str, host: str) -> str | None:
+    """What a task of this collection's roles (``role : Name``) reported for a host: changed, ok, skipping, ... or
+    None. A looped task counts as changed when any item changed."""
+    results = set()
+    for block in task_blocks(output, f"inferops.vllm.{task}"):
+        results |= set(re.findall(rf"^(\w+): \[{re.escape(host)}\]", block, re.M))
+    return "changed" if "changed" in results else (min(results) if results else None)
+
+
 def inline_playbook(text: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
     """A playbook of the test's own (YAML `text`) against molecule's inventory, as deploy_playbook runs ours."""
     path = tmp_path / "inline.yml"
@@ -245,6 +262,17 @@ def unit_start(host, unit: str) -> tuple[str, str]:
     out = host.check_output(f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {unit}")
     values = dict(line.split("=", 1) for line in out.splitlines())
     return values["MainPID"], values["ActiveEnterTimestampMonotonic"]
+
+
+def vllm_child(host, unit: str) -> tuple[str, list[str], str]:
+    """(MainPID, its argv, the pid of its one child) of an instance's unit: the launcher is the unit's main
+    process and runs vLLM as its only child (it reaps what vLLM leaves behind when it stops)."""
+    pid = host.check_output(f"systemctl show -p MainPID --value {unit}")
+    assert pid != "0", unit
+    launcher = host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
+    children = host.check_output(f"ps -o pid= --ppid {pid}").split()
+    assert len(children) == 1, children
+    return pid, launcher, children[0]
 
 
 def router_workers(router_host) -> list[dict]:

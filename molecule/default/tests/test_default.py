@@ -16,6 +16,7 @@ from conftest import (
     molecule_only,
     prefill_for_remote_decode,
     unit_cpu_seconds,
+    vllm_child,
 )
 
 LAUNCH = "/opt/vllm/venv/bin/python /usr/local/lib/inferops-vllm/inferops_vllm_launch.py --check --config"
@@ -45,17 +46,12 @@ def test_unit_active_and_listening(request, host_fixture, name, port, side_port)
 @pytest.mark.parametrize(("host_fixture", "name", "port", "side_port"), INSTANCES)
 def test_process_runs_as_vllm_user_without_key_in_argv(request, host_fixture, name, port, side_port):
     host = request.getfixturevalue(host_fixture)
-    pid = host.check_output(f"systemctl show -p MainPID --value vllm@{name}")
-    assert pid != "0"
+    # The unit's main process is the launcher, which runs vLLM as its child.
+    pid, launcher, child = vllm_child(host, f"vllm@{name}")
     assert host.check_output(f"ps -o user= -p {pid}") == "vllm"
-    # The unit's main process is the launcher, which runs vLLM as its child (and reaps what vLLM
-    # leaves behind when it stops).
-    launcher = host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
     assert launcher[1] == "/usr/local/lib/inferops-vllm/inferops_vllm_launch.py", launcher
-    children = host.check_output(f"ps -o pid= --ppid {pid}").split()
-    assert len(children) == 1, children
-    assert host.check_output(f"ps -o user= -p {children[0]}") == "vllm"
-    argv = host.file(f"/proc/{children[0]}/cmdline").content_string.split("\0")
+    assert host.check_output(f"ps -o user= -p {child}") == "vllm"
+    argv = host.file(f"/proc/{child}/cmdline").content_string.split("\0")
     # The venv's python running the venv's `vllm serve` entry point, with this instance's port.
     # (the interpreter is the one of the versioned venv the /opt/vllm/venv link points at: python_venv)
     assert re.fullmatch(r"/opt/vllm/venv(\.d/[0-9a-f]+)?/bin/python3(\.\d+)?", argv[0]), argv

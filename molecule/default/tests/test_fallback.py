@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import ssl
 import subprocess
 import time
@@ -49,7 +48,9 @@ from conftest import (
     metric_samples,
     router_workers,
     secret,
+    task_blocks,
     unit_start,
+    vllm_child,
 )
 from sandbox_faults import kill_vllm_command
 
@@ -373,9 +374,8 @@ PRUNE = """\
 def _cloud_process(cloud_host) -> tuple[str, str, list[str]]:
     """(MainPID, its start, the vLLM child's argv) of the cloud's instance vllm-0."""
     pid, since = unit_start(cloud_host, "vllm@vllm-0")
-    children = cloud_host.check_output(f"ps -o pid= --ppid {pid}").split()
-    assert len(children) == 1, children
-    return pid, since, cloud_host.file(f"/proc/{children[0]}/cmdline").content_string.split("\0")
+    child = vllm_child(cloud_host, "vllm@vllm-0")[2]
+    return pid, since, cloud_host.file(f"/proc/{child}/cmdline").content_string.split("\0")
 
 
 def _cloud_models(cloud) -> list[str]:
@@ -420,10 +420,10 @@ def test_an_upgrade_installs_beside_the_running_vllm_restarts_it_at_once_and_pru
     # The running install was left as it was (a process still running from it keeps its files).
     assert cloud_host.file(f"{old}/.inferops-vllm-install.json").content_string == old_marker
     # The role's handler restarted the instance within the run (the task's own output, up to the next one).
-    handler = "RUNNING HANDLER [inferops.vllm.vllm_instance : Restart the instances that do not run or roll]"
-    assert handler in output, output[-4000:]
-    restarted = re.split(r"\n(?:TASK|RUNNING HANDLER) \[", output[output.index(handler):])[0]
-    assert f"changed: [{CLOUD}] => (item=vllm-0)" in restarted, restarted
+    restarted = task_blocks(output, "inferops.vllm.vllm_instance : Restart the instances that do not run or roll",
+                            kind="RUNNING HANDLER")
+    assert restarted, output[-4000:]
+    assert any(f"changed: [{CLOUD}] => (item=vllm-0)" in block for block in restarted), restarted
     pid, since, argv = _cloud_process(cloud_host)
     assert pid != pid_before and since != since_before, (pid_before, pid)
     assert argv[0].startswith(new + "/bin/python"), (new, argv)

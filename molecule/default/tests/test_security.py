@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import DECODE, PREFILL, ROUTER, container_ip, front_ca, instance_auth, secret
+from conftest import DECODE, PREFILL, ROUTER, container_ip, front_ca, instance_auth, secret, task_result
 
 # `systemd-analyze security` exposure bounds (0 = locked down, 10 = everything allowed).
 BOUNDS = [
@@ -38,17 +38,6 @@ def test_unit_exposure_is_under_its_bound(request, container, unit, bound):
     assert float(match.group(1)) <= bound, f"{unit} on {container}: {match.group(1)} > {bound}\n" + "\n".join(
         line for line in out.splitlines() if line.startswith("✗")
     )
-
-
-def task_result(output: str, task: str, host: str) -> str | None:
-    """What a task reported for a host in an ansible-playbook output: changed, ok, skipping, ... or None.
-    A looped task counts as changed when any item changed."""
-    results = set()
-    for block in output.split("\nTASK [inferops.vllm.")[1:]:
-        header, _newline, body = block.partition("\n")
-        if header.startswith(task + "]"):
-            results |= set(re.findall(rf"^(\w+): \[{re.escape(host)}\]", body, re.M))
-    return "changed" if "changed" in results else (min(results) if results else None)
 
 
 def test_a_check_diff_run_that_changes_every_key_shows_none(router_host):
