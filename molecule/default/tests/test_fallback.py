@@ -449,7 +449,7 @@ def test_an_upgrade_installs_beside_the_running_vllm_restarts_it_at_once_and_pru
     finally:
         cloud_host.run("pkill -u vllm -f inferops-prune-straggler")
     # Once nothing uses it: the old version goes, the live one stays, the instance keeps running and answering.
-    for _ in range(50):
+    for _attempt in range(50):
         if cloud_host.run("pgrep -u vllm -f inferops-prune-straggler").rc != 0:
             break
         time.sleep(0.1)
