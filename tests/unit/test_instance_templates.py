@@ -320,3 +320,19 @@ def test_the_units_runtime_line_names_every_field_of_the_install_fingerprint():
         variable = re.fullmatch(r"\{\{ (vllm_install_\w+) \}\}", value)
         assert variable, f"{field}: {value!r} is not one of vllm_install's variables"
         assert re.search(rf"\b{variable.group(1)}\b", runtime), f"{field} ({variable.group(1)}) not in the runtime line"
+
+
+def test_the_router_units_runtime_line_names_every_field_of_its_install_fingerprint():
+    """The same rule for vllm-router: its unit's `# Runtime:` line restarts the replicas (one at a time) when what
+    they loaded changes. vllm_router_prometheus_client_version, a field of the router's fingerprint, was missing
+    from it: a new pin made another version directory and switched the link under replicas that kept running
+    from the old one (found while reviewing the vLLM case above)."""
+    fingerprint = yaml.safe_load((REPO / "roles" / "vllm_router" / "vars" / "main.yml").read_text(
+        encoding="utf-8"))["_vllm_router_fingerprint"]
+    template = (REPO / "roles" / "vllm_router" / "templates" / "vllm-router@.service.j2").read_text(encoding="utf-8")
+    runtime = next(line for line in template.splitlines() if line.startswith("# Runtime:"))
+    assert fingerprint, "vllm_router's fingerprint moved: see roles/vllm_router/vars/main.yml"
+    for field, value in fingerprint.items():
+        variable = re.fullmatch(r"\{\{ (vllm_router_\w+) \}\}", value)
+        assert variable, f"{field}: {value!r} is not one of vllm_router's variables"
+        assert re.search(rf"\b{variable.group(1)}\b", runtime), f"{field} ({variable.group(1)}) not in the runtime line"
