@@ -18,6 +18,11 @@ Figures (run on the Podman host, as the user that ran up.sh):
            (ansible.posix.profile_tasks).
   deploy   the same for `ansible-playbook playbooks/deploy_pd.yml -i inventories/sandbox` alone, the
            re-run a user makes (issue #26's no-op figure).
+           Both also print the CPU the run kept busy: the whole machine's (/proc/stat, every core: the
+           controller, the hosts' module runs, the idle instances) and the run's own process tree
+           (ansible-playbook, its workers and ssh clients: getrusage of the waited-for children). The
+           machine's busy core-seconds over the number of cores is the least wall time any overlap of
+           the run's plays could reach on this machine ("floor").
   latency  median/min/max of --requests short completions sent straight to the prefill instance
            ("direct", instance key) and through the front on the router ("front", client key:
            nginx, vllm-router, prefill, NIXL, decode), alternating, and their ratio front/direct.
@@ -160,6 +165,25 @@ def cpu_ticks_between(start: dict[tuple[int, int], dict], end: dict[tuple[int, i
     appeared = sum(1 for key in end if key not in start)
     exited = sum(1 for key in start if key not in end)
     return ticks, appeared, exited
+
+
+def parse_machine_stat(text: str) -> tuple[int, int]:
+    """/proc/stat -> (busy, all) clock ticks of all cores together since boot, from its "cpu " line: busy is
+    user, nice, system, irq, softirq and steal (guest time is inside user); idle and iowait are not busy."""
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            values = [int(v) for v in fields[1:9]] + [0] * max(0, 8 - len(fields[1:9]))
+            user, nice, system, idle, iowait, irq, softirq, steal = values[:8]
+            busy = user + nice + system + irq + softirq + steal
+            return busy, busy + idle + iowait
+    raise ValueError("no 'cpu ' line in /proc/stat")
+
+
+def cpu_floor(busy_core_seconds: float, cores: int) -> float:
+    """The least wall time a run that kept the machine busy ``busy_core_seconds`` could take on ``cores`` cores,
+    however its work were spread over them."""
+    return busy_core_seconds / max(1, cores)
 
 
 def cpu_percent(ticks: int, clk_tck: int, seconds: float) -> float:
@@ -455,8 +479,17 @@ def _timed_noop(figure: str, command: list[str], log_name: str, said: str) -> li
     require_sandbox()
     log = Path(tempfile.mkdtemp(prefix="inferops-sandbox-costs-")) / log_name
     print(f"{figure}: {said}, output in {log} ...", flush=True)
+    clk_tck, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+    machine_before, children_before = parse_machine_stat(_read("/proc/stat")), os.times()
     seconds, rc, output = _run_logged(command, log, _up_env())
+    machine_after, children_after = parse_machine_stat(_read("/proc/stat")), os.times()
+    busy = (machine_after[0] - machine_before[0]) / clk_tck
+    run_cpu = (children_after.children_user + children_after.children_system
+               - children_before.children_user - children_before.children_system)
     print(f"  wall {seconds:.1f} s, exit status {rc}")
+    print(f"  CPU: the machine busy {busy:.1f} core-s of {cores * seconds:.1f} ({cores} cores x the wall time), the "
+          f"run's own process tree (controller, workers, ssh) {run_cpu:.1f} s; floor {cpu_floor(busy, cores):.1f} s "
+          f"(no overlap of the plays ends it sooner on {cores} cores)")
     recap, playbook_seconds, top = _describe_run(output)
     changed_hosts = [host for host, c in recap.items() if c.get("changed") != 0]
     all_unchanged = bool(recap) and not changed_hosts
@@ -471,6 +504,8 @@ def _timed_noop(figure: str, command: list[str], log_name: str, said: str) -> li
         "value": f"{seconds:.1f} s, {state}" + (f", exit {rc}" if rc else ""),
         "target": TARGETS[figure],
         "details": {"wall_seconds": round(seconds, 2), "exit_status": rc, "playbook_seconds": playbook_seconds,
+                    "machine_busy_core_seconds": round(busy, 1), "run_process_tree_cpu_seconds": round(run_cpu, 1),
+                    "cpu_floor_seconds": round(cpu_floor(busy, cores), 1), "cores": cores,
                     "changed_zero_on_all_hosts": all_unchanged, "recap": recap,
                     "top_tasks": [{"task": n, "seconds": s} for n, s in top], "log": str(log)},
     }]
