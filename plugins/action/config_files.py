@@ -14,10 +14,13 @@ import time
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.module_utils.common.text.converters import to_text
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.template import trust_as_template
 
-_ENTRY_KEYS = frozenset(("path", "state", "content", "template", "vars", "src", "owner", "group", "mode", "key"))
+_ENTRY_KEYS = frozenset(
+    ("path", "state", "content", "template", "vars", "src", "owner", "group", "mode", "key", "secret", "validate")
+)
 
 
 class ActionModule(ActionBase):
@@ -108,6 +111,13 @@ class ActionModule(ActionBase):
                 entry["content"] = self._render(task_vars, entry.pop("template"), dest, extra)
             elif entry.get("src") is not None:
                 entry["content"] = self._read(entry.pop("src"), dest)
+            try:
+                secret = boolean(entry.get("secret", False), strict=True)
+            except TypeError as error:
+                raise AnsibleActionFail(f"config_files: {dest}: secret must be true or false") from error
+            if secret and entry.get("content") is not None:
+                # The module's secret_content is no_log: Ansible masks the text in every output from here on.
+                entry["secret_content"] = entry.pop("content")
             resolved.append(entry)
         result.update(
             self._execute_module(

@@ -20,8 +20,16 @@ description:
   - A file is replaced through a temporary file in its directory that gets the owner, group and mode first, then is
     renamed over the old one. A reader never sees a partial file, and a key file is never readable by others, not
     even for a moment.
-  - For files that need a validation command (C(validate)), a backup or binary content, use
-    M(ansible.builtin.template) or M(ansible.builtin.copy).
+  - A file with O(files[].validate) is checked by that command as the temporary file, before it replaces the old one
+    (the entries before it in O(files) are in place by then, so a configuration can be checked with the files it
+    includes). When the command refuses it, the task fails with the command's output and changes nothing - the files
+    it wrote or removed before are put back as they were (directories it created stay) - so that no change is left
+    that a handler was not told about.
+  - A secret file (O(files[].secret_content), or C(secret) in the task, which the action plugin turns into it) is
+    written like any other, but its content is never shown - Ansible masks it in every output, and its diff says
+    that it changes without showing either side. The other files of the task keep their diffs, so the task needs no
+    C(no_log).
+  - For a backup or binary content, use M(ansible.builtin.template) or M(ansible.builtin.copy).
 author:
   - inferops.vllm developers (@inferops)
 extends_documentation_fragment:
@@ -58,7 +66,20 @@ options:
         description:
           - The file's text, for O(files[].state=file). Filled in by the action plugin from O(files[].template) or
             O(files[].src) when one of those is given.
-          - Set C(no_log) on a task whose files hold secrets; it also keeps the content out of the host's log.
+          - For a file that holds secrets use O(files[].secret_content) (C(secret) in the task) instead.
+        type: str
+      secret_content:
+        description:
+          - The file's text when it holds secrets, for O(files[].state=file); never shown (masked in every output,
+            no diff of its text). Filled in by the action plugin when the task's entry has C(secret) set to V(true),
+            from O(files[].content), O(files[].template) or O(files[].src).
+        type: str
+      validate:
+        description:
+          - A command that checks the new content before it replaces the file, with V(%s) where the path of the
+            temporary file goes (as the C(validate) of M(ansible.builtin.template)); run without a shell, only
+            when the content changes, and not in check mode (nothing is replaced then). A non-zero exit fails the
+            task with the command's output, and the file stays as it was.
         type: str
       template:
         description:
@@ -84,6 +105,13 @@ options:
           - Mode as an octal string, for example V("0640"). Unset leaves an existing file's mode; a new file
             gets C(0600), a new directory C(0755).
         type: str
+      secret:
+        description:
+          - For the action plugin - V(true) sends the entry's text (O(files[].content), O(files[].template) or
+            O(files[].src)) to the host as O(files[].secret_content). The module itself only reads
+            O(files[].secret_content).
+        type: bool
+        default: false
       key:
         description:
           - Any string, returned with this entry's result (RV(results[].key)), for example the service a file
@@ -170,9 +198,52 @@ def _attributes_changed(module, path, entry, diffs):
     return changed
 
 
+class _Refused(Exception):
+    """A validate command refused an entry's new content: (message, rc, stdout, stderr)."""
+
+
+def _validate(module, entry, tmp):
+    """Run the entry's validate command on the temporary file; raise _Refused (the caller removes it) when it
+    refuses."""
+    command = entry["validate"]
+    rc, out, err = module.run_command(command % tmp)
+    if rc != 0:
+        raise _Refused(f"{entry['path']}: the new content failed validation: `{command}` exited {rc}: "
+                       f"{(err or out).strip()}", rc, out, err)
+
+
+def _snapshot(path):
+    """What an entry's path is before the module touches it: (path, bytes, stat) of a file, (path, None, None) when
+    there is none; None for a directory (a directory the module creates stays)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        return None
+    if not os.path.lexists(path):
+        return (path, None, None)
+    if os.path.islink(path):
+        return (path, os.readlink(path), None)
+    return (path, _read(path), os.stat(path))
+
+
+def _restore(snapshot):
+    """Put a path back as _snapshot found it."""
+    path, data, before = snapshot
+    if os.path.lexists(path) and not os.path.isdir(path):
+        os.unlink(path)
+    if data is None:
+        return
+    if before is None:
+        os.symlink(data, path)
+        return
+    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(handle, "wb") as out:
+        out.write(data)
+    os.chown(path, before.st_uid, before.st_gid)
+    os.chmod(path, before.st_mode & 0o7777)
+
+
 def _write(module, entry, data):
-    """Write data to entry's path through a temporary file that has the final owner, group and mode before it
-    is renamed over the path."""
+    """Write data to entry's path through a temporary file that has the final owner, group and mode (and passed
+    the entry's validate command) before it is renamed over the path."""
     path = entry["path"]
     directory = os.path.dirname(path) or "."
     handle, tmp = tempfile.mkstemp(prefix=".inferops-", dir=directory)
@@ -186,6 +257,8 @@ def _write(module, entry, data):
             if entry.get("mode") is None:
                 wanted["mode"] = f"{current.st_mode & 0o7777:04o}"
         _set_attributes(module, tmp, wanted)
+        if entry.get("validate"):
+            _validate(module, entry, tmp)
         os.rename(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -195,19 +268,22 @@ def _write(module, entry, data):
 
 def _file(module, entry, diffs):
     path = entry["path"]
-    if entry.get("content") is None:
+    secret = entry.get("secret_content") is not None
+    text = entry["secret_content"] if secret else entry.get("content")
+    if text is None:
         module.fail_json(msg=f"{path}: state=file needs content, template or src")
-    wanted = to_bytes(entry["content"], errors="surrogate_or_strict")
+    wanted = to_bytes(text, errors="surrogate_or_strict")
     if os.path.isdir(path):
         module.fail_json(msg=f"{path} is a directory, not a file")
     current = _read(path)
     if current != wanted:
         if module._diff:
+            before = to_text(current, errors="surrogate_or_replace") if current is not None else ""
             diffs.append({
                 "before_header": path if current is not None else f"{path} (absent)",
                 "after_header": path,
-                "before": to_text(current, errors="surrogate_or_replace") if current is not None else "",
-                "after": entry["content"],
+                "before": ("(secret: not shown)\n" if current is not None else "") if secret else before,
+                "after": "(secret, changed: not shown)\n" if secret else text,
             })
         if not module.check_mode:
             if not os.path.isdir(os.path.dirname(path)):
@@ -256,6 +332,9 @@ def run_module():
                     "path": {"type": "path", "required": True},
                     "state": {"type": "str", "choices": ["file", "directory", "absent"], "default": "file"},
                     "content": {"type": "str", "no_log": False},
+                    "secret_content": {"type": "str", "no_log": True},
+                    "secret": {"type": "bool", "default": False},
+                    "validate": {"type": "str"},
                     "template": {"type": "str"},
                     "vars": {"type": "dict"},
                     "src": {"type": "str"},
@@ -268,12 +347,27 @@ def run_module():
         },
         supports_check_mode=True,
     )
-    results, diffs, changed_paths = [], [], []
     for entry in module.params["files"]:
         if not os.path.isabs(entry["path"]):
             module.fail_json(msg=f"{entry['path']}: the path must be absolute")
+        if entry.get("content") is not None and entry.get("secret_content") is not None:
+            module.fail_json(msg=f"{entry['path']}: give content or secret_content, not both")
+        if entry.get("validate") and "%s" not in entry["validate"]:
+            module.fail_json(msg=f"{entry['path']}: validate must contain %s (where the temporary file's path goes)")
+    results, diffs, changed_paths, done = [], [], [], []
+    for entry in module.params["files"]:
         do = {"file": _file, "directory": _directory, "absent": _absent}[entry["state"]]
-        changed = bool(do(module, entry, diffs))
+        before = None if module.check_mode or entry["state"] == "directory" else _snapshot(entry["path"])
+        try:
+            changed = bool(do(module, entry, diffs))
+        except _Refused as refused:
+            message, rc, out, err = refused.args
+            for snapshot in reversed(done):
+                _restore(snapshot)
+            put_back = f" ({len(done)} file(s) this task had changed put back)" if done else ""
+            module.fail_json(msg=f"{message}. Nothing was changed{put_back}.", rc=rc, stdout=out, stderr=err)
+        if changed and before is not None:
+            done.append(before)
         results.append({"path": entry["path"], "state": entry["state"], "changed": changed, "key": entry.get("key")})
         if changed:
             changed_paths.append(entry["path"])

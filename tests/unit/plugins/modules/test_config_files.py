@@ -137,3 +137,79 @@ def test_refuses_what_it_cannot_do_and_says_why(tmp_path, entry, message):
     entry = {k: (v.format(tmp=tmp_path) if isinstance(v, str) else v) for k, v in entry.items()}
     result = run([entry], expect="fail")
     assert message in result["msg"]
+
+
+def test_validate_checks_the_new_content_before_it_replaces_the_file(tmp_path):
+    conf, log = tmp_path / "svc.conf", tmp_path / "validated"
+    conf.write_text("ok old\n")
+    # The command sees the temporary file (in the same directory), never the live one.
+    check = f"sh -c 'grep -q ^ok \"$1\" && echo \"$1\" >> {log}' sh %s"
+    result = run([{"path": str(conf), "content": "ok new\n", "validate": check}])
+    assert result["changed"] is True and conf.read_text() == "ok new\n"
+    (checked,) = log.read_text().splitlines()
+    assert checked != str(conf) and os.path.dirname(checked) == str(tmp_path)
+    # Unchanged content is not validated again; nor is anything in check mode.
+    run([{"path": str(conf), "content": "ok new\n", "validate": check}])
+    run([{"path": str(conf), "content": "ok newer\n", "validate": check}], check_mode=True)
+    assert len(log.read_text().splitlines()) == 1
+
+
+# A validate command that refuses a file whose first line does not start with "ok" (exit 3, a message on stderr).
+REFUSE_WITHOUT_OK = "sh -c 'grep -q ^ok \"$1\" || { echo \"no ok in $1\" >&2; exit 3; }' sh %s"
+
+
+def test_a_refused_file_fails_the_task_and_puts_back_what_it_had_changed(tmp_path):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    changed, removed, site = conf / "changed.conf", conf / "removed.conf", conf / "site.conf"
+    changed.write_text("before\n")
+    os.chmod(changed, 0o640)
+    removed.write_text("still here\n")
+    site.write_text("ok live\n")
+    files = [
+        {"path": str(conf / "new-dir"), "state": "directory"},
+        {"path": str(changed), "content": "after\n", "mode": "0644"},
+        {"path": str(conf / "new.conf"), "secret_content": "a new secret\n"},
+        {"path": str(removed), "state": "absent"},
+        {"path": str(site), "content": "broken\n", "validate": REFUSE_WITHOUT_OK},
+        {"path": str(conf / "after.conf"), "content": "never written\n"},
+    ]
+    result = run(files, expect="fail")
+    assert result["rc"] == 3 and "no ok in" in result["stderr"]
+    assert f"{site}: the new content failed validation" in result["msg"] and "exited 3" in result["msg"]
+    assert "3 file(s) this task had changed put back" in result["msg"]
+    # Each file as it was: content and mode, the new one gone, the removed one back; the new directory stays.
+    assert changed.read_text() == "before\n" and mode(changed) == "0640"
+    assert removed.read_text() == "still here\n" and site.read_text() == "ok live\n"
+    assert sorted(p.name for p in conf.iterdir()) == ["changed.conf", "new-dir", "removed.conf", "site.conf"]
+
+
+def test_a_secret_file_is_written_but_its_text_is_in_no_diff_and_masked(tmp_path, monkeypatch):
+    key, conf = tmp_path / "key", tmp_path / "plain.conf"
+    key.write_text("old-secret-value\n")
+    masked = []
+
+    def exit_and_record_masked(self, **kwargs):
+        masked.extend(self.no_log_values)
+        _exit_json(self, **kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_and_record_masked)
+    result = run([{"path": str(key), "secret_content": "new-secret-value\n", "secret": True, "mode": "0600"},
+                  {"path": str(conf), "content": "plain\n"}], diff=True)
+    assert key.read_text() == "new-secret-value\n" and mode(key) == "0600"
+    secret_diff, plain_diff = result["diff"]
+    assert "secret-value" not in str(secret_diff) and "not shown" in secret_diff["after"]
+    assert plain_diff["after"] == "plain\n"
+    assert "new-secret-value\n" in masked
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"path": "{tmp}/f", "content": "x", "validate": "true"}, "validate must contain %s"),
+    ({"path": "{tmp}/f", "content": "x", "secret_content": "y"}, "not both"),
+])
+def test_refuses_a_validate_without_the_file_and_two_texts(tmp_path, entry, message):
+    entry = {k: (v.format(tmp=tmp_path) if isinstance(v, str) else v) for k, v in entry.items()}
+    result = run([{"path": str(tmp_path / "first"), "content": "x"}, entry], expect="fail")
+    assert message in result["msg"]
+    # Refused before anything is written.
+    assert not (tmp_path / "first").exists()
