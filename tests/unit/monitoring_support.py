@@ -360,16 +360,44 @@ def role_task(tasks_file: str, name: str, **changes: Any) -> dict[str, Any]:
     return task
 
 
-def config_files_task(tasks_file: str, name: str, path: str) -> dict[str, Any]:
-    """The inferops.vllm.config_files task called ``name`` of roles/vllm_monitoring/tasks/<tasks_file>, writing only
-    its rendered templates, each to ``path`` (a Jinja expression of the entry ``f``), with no owner or group, its
-    templates read from the role (the test's play is not in the role), without its notify and when."""
-    tasks = yaml.safe_load((ROLE / "tasks" / tasks_file).read_text(encoding="utf-8"))
+def config_files_task(
+    tasks_file: str,
+    name: str,
+    path: str,
+    role: Path = ROLE,
+    only: str | None = None,
+    changes: dict[str, Any] | None = None,
+    keys: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """The inferops.vllm.config_files task called ``name`` of ``role``'s tasks/<tasks_file> (roles/vllm_monitoring by
+    default), writing only some of its entries ``f``, each to ``path`` (a Jinja expression of the entry ``f``), with no
+    owner or group, its templates read from the role (the test's play is not in the role), without its notify,
+    register, tags and when. What else an entry says (its validate command, secret, state) stays, but for ``changes``
+    (for example {"validate": None}: not validated). The entries kept: with ``keys``, those with these keys of a task
+    whose files are a YAML list, chosen before anything is templated (the others may name variables the test does not
+    define); else those the Jinja test ``only`` keeps (by default its rendered templates)."""
+    tasks = yaml.safe_load((role / "tasks" / tasks_file).read_text(encoding="utf-8"))
     (task,) = [t for t in tasks if t.get("name") == name]
+    files = task["inferops.vllm.config_files"]["files"]
+    if keys is not None:
+        # Rehomed here, before anything is templated: each kept entry's path is ``path`` with its key for f.key.
+        kept = []
+        for f in files:
+            if f.get("key") not in keys:
+                continue
+            g = {**f, "owner": None, "group": None, "path": "{{ " + path.replace("f.key", repr(f["key"])) + " }}"}
+            if "template" in f:
+                g["template"] = str(role / "templates" / f["template"])
+            kept.append({**g, **(changes or {})})
+        assert sorted(g["key"] for g in kept) == sorted(keys), keys
+        return {"name": name, "inferops.vllm.config_files": {"files": kept}}
+    if only is None:
+        only = "f.template is defined"
     rehomed = (
-        "{%- set ns = namespace(out=[]) -%}{%- for f in __files if f.template is defined -%}"
-        "{%- set ns.out = ns.out + [f | combine({'owner': None, 'group': None, 'path': " + path + ","
-        " 'template': '" + str(ROLE / "templates") + "/' ~ f.template})] -%}{%- endfor -%}{{ ns.out }}"
+        "{%- set ns = namespace(out=[]) -%}{%- for f in __files if " + only + " -%}"
+        "{%- set g = f | combine({'owner': None, 'group': None, 'path': " + path + "}, " + repr(changes or {}) + ") -%}"
+        "{%- if f.template is defined -%}"
+        "{%- set g = g | combine({'template': '" + str(role / "templates") + "/' ~ f.template}) -%}"
+        "{%- endif -%}{%- set ns.out = ns.out + [g] -%}{%- endfor -%}{{ ns.out }}"
     )
-    return {"name": name, "vars": {"__files": task["inferops.vllm.config_files"]["files"]},
-            "inferops.vllm.config_files": {"files": rehomed}}
+    return {"name": name, "vars": {"__files": files}, "inferops.vllm.config_files": {"files": rehomed}}

@@ -29,6 +29,11 @@ pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbo
 FIREWALL = REPO / "roles" / "vllm_firewall"
 ROUTER = REPO / "roles" / "vllm_router"
 ADDRESSES = {"p1": "10.0.0.11", "d1": "10.0.0.21", "r1": "10.0.0.5", "r2": "10.0.0.6"}
+PROMETHEUS_TASK = (
+    "Write Prometheus' alert rules, the instances' key and the configuration (scrape targets from the inventory)"
+)
+# The entries of that task the renders write, by key, and the file each goes to in the render's directory.
+PROMETHEUS_FILES = {"rules": "rules.yml", "instance_key": "vllm-instance.key", "config": "prometheus.yml"}
 
 
 def inventory(monitoring: list[str], routers: tuple[str, ...] = ("r1",), **extra: Any) -> dict[str, Any]:
@@ -145,10 +150,14 @@ def plays(out: Path, nft: bool) -> list[dict[str, Any]]:
                 {"name": "Firewall defaults", "ansible.builtin.include_vars": str(FIREWALL / "defaults" / "main.yml")},
                 _firewall_task("Check vllm_firewall_api_sources (IP addresses or CIDRs)"),
                 _firewall_task("Work out the ports and who may reach them"),
-                _firewall_task(
-                    "Write the nftables rules",
-                    dest=host_dir + "/firewall.nft",
-                    validate=("nft --check --file %s" if nft else None),
+                # The rules only (validated by nft --check as on a host, unless nft is False), not the unit.
+                config_files_task(
+                    "configure.yml",
+                    "Write the nftables rules and the unit that loads them at boot",
+                    f"'{out}/' ~ inventory_hostname ~ '/firewall.nft'",
+                    role=FIREWALL,
+                    keys=("rules",),
+                    changes=None if nft else {"validate": None},
                 ),
                 _firewall_task("Show what is allowed"),
             ],
@@ -173,28 +182,12 @@ def plays(out: Path, nft: bool) -> list[dict[str, Any]]:
                     f"'{out}/' ~ inventory_hostname ~ '/' ~ f.key ~ ('.env' if f.path.endswith('.env') else '.conf')",
                 ),
                 {
-                    **role_task(
-                        "configure.yml", "Write the alert rules", dest=host_dir + "/rules.yml", owner=None, group=None
-                    ),
-                    "when": "_vllm_monitoring_is_prometheus | bool",
-                },
-                {
-                    **role_task(
+                    # The rules, the instances' key (absent without one) and prometheus.yml, each promtool-checked.
+                    **config_files_task(
                         "configure.yml",
-                        "Write the instances' key for Prometheus' scrapes of /metrics",
-                        dest=host_dir + "/vllm-instance.key",
-                        owner=None,
-                        group=None,
-                    ),
-                    "when": "_vllm_monitoring_is_prometheus | bool and _vllm_monitoring_instance_key | length > 0",
-                },
-                {
-                    **role_task(
-                        "configure.yml",
-                        "Write Prometheus' configuration (scrape targets from the inventory)",
-                        dest=host_dir + "/prometheus.yml",
-                        owner=None,
-                        group=None,
+                        PROMETHEUS_TASK,
+                        f"'{out}/' ~ inventory_hostname ~ '/' ~ " + json.dumps(PROMETHEUS_FILES) + "[f.key]",
+                        keys=tuple(PROMETHEUS_FILES),
                     ),
                     "when": "_vllm_monitoring_is_prometheus | bool",
                 },
@@ -277,9 +270,9 @@ def test_prometheus_scrapes_the_instances_with_their_key_from_a_file(rendered, r
     assert "authorization" not in job(rendered, "vllm")
     assert not (rendered / "r1" / "vllm-instance.key").exists()
     (task,) = [t for t in yaml.safe_load((REPO / "roles" / "vllm_monitoring" / "tasks" / "configure.yml").read_text())
-               if t["name"] == "Write the instances' key for Prometheus' scrapes of /metrics"]
-    assert task["ansible.builtin.copy"]["mode"] == "0640" and task["ansible.builtin.copy"]["group"] == "prometheus"
-    assert task["no_log"] is True and task["diff"] is False
+               if t["name"] == PROMETHEUS_TASK]
+    (entry,) = [f for f in task["inferops.vllm.config_files"]["files"] if f.get("key") == "instance_key"]
+    assert (entry["mode"], entry["group"], entry["secret"]) == ("0640", "prometheus", True)
 
 
 def test_fallback_counters_are_scraped_when_the_front_has_fallbacks(rendered, rendered_with_fallbacks_and_key):

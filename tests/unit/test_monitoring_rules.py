@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from monitoring_support import ANSIBLE_PLAYBOOK, ROLE, prom_report, promtool, role_task, run_playbook
+from monitoring_support import ANSIBLE_PLAYBOOK, ROLE, config_files_task, prom_report, promtool, run_playbook
 
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")
 
@@ -49,10 +49,19 @@ FRONT = {"_vllm_monitoring_is_router": True, "_vllm_monitoring_router": {"fallba
 RENDERINGS = {"defaults": {}, "fallbacks": FRONT, "custom": {**CUSTOM, **FRONT}}
 
 
-def _render(tmp, name: str, overrides: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    task = role_task(
-        "configure.yml", "Write the alert rules", dest=str(tmp / f"{name}.rules.yml"), owner=None, group=None
+def rules_task(path: str) -> dict[str, Any]:
+    """The role's task that writes the alert rules (and Prometheus' configuration), writing only the rules, to
+    ``path`` (a Jinja expression), validated by promtool as on a host."""
+    return config_files_task(
+        "configure.yml",
+        "Write Prometheus' alert rules, the instances' key and the configuration (scrape targets from the inventory)",
+        path,
+        keys=("rules",),
     )
+
+
+def _render(tmp, name: str, overrides: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    task = rules_task(f"'{tmp / (name + '.rules.yml')}'")
     plays = [
         {
             "name": "Render the monitoring role's alert rules",
@@ -700,13 +709,7 @@ def test_the_front_alerts_follow_each_routers_published_record(tmp_path):
             }
         }
     }
-    task = role_task(
-        "configure.yml",
-        "Write the alert rules",
-        dest=str(tmp_path / "{{ inventory_hostname }}.rules.yml"),
-        owner=None,
-        group=None,
-    )
+    task = rules_task(f"'{tmp_path}/' ~ inventory_hostname ~ '.rules.yml'")
     plays = [
         {
             "name": "Render each monitoring host's alert rules",
@@ -734,4 +737,6 @@ def test_a_broken_rule_is_refused_by_the_role(tmp_path):
     """The role's task validates with promtool: a threshold that breaks the expression fails the task."""
     run = _render(tmp_path, "broken", {"vllm_monitoring_nixl_window": "5 minutes"})
     assert run.returncode != 0
-    assert "failed to validate" in run.stdout + run.stderr
+    output = run.stdout + run.stderr
+    assert "broken.rules.yml: the new content failed validation" in output and "check rules" in output
+    assert not (tmp_path / "broken.rules.yml").exists()
