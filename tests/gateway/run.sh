@@ -21,11 +21,16 @@ ansible-playbook -i "$REPO/tests/preflight/good" "$HERE/render.yml" -e "@$HERE/v
   || { cat "$work/render.log"; exit 1; }
 python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); print(*(f["api_key"] for f in v["vllm_router_front_fallbacks"]))' \
   "$HERE/vars.json" >"$work/cloud_keys"
-# The role's own check of the site before it goes live (the validate of "Configure the authenticating front").
-python3 - "$REPO/roles/vllm_router/tasks/configure.yml" >"$work/validate.sh" <<'PY'
+# The role's own check of the site before it goes live (the site entry's validate in the task that writes the front's
+# files: _vllm_router_nginx_site_check of the role's vars).
+python3 - "$REPO/roles/vllm_router" >"$work/validate.sh" <<'PY'
 import sys, yaml
-(task,) = [t for t in yaml.safe_load(open(sys.argv[1])) if t.get("name") == "Configure the authenticating front"]
-print(task["ansible.builtin.template"]["validate"].replace("%s", "/etc/nginx/sites-available/inferops-vllm.conf"))
+role = sys.argv[1]
+(task,) = [t for t in yaml.safe_load(open(role + "/tasks/configure.yml"))
+           if t.get("name", "").startswith("Write the front's client keys")]
+assert "'validate': _vllm_router_nginx_site_check" in task["inferops.vllm.config_files"]["files"], task
+check = yaml.safe_load(open(role + "/vars/main.yml"))["_vllm_router_nginx_site_check"]
+print(check.replace("%s", "/etc/nginx/sites-available/inferops-vllm.conf"))
 PY
 
 echo "== container $NAME from $IMAGE"

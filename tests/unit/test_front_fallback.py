@@ -315,9 +315,10 @@ def test_the_site_is_validated_with_the_enabled_modules():
     """njs is a dynamic module: the minimal nginx.conf the site is checked in must load it (js_path is unknown
     otherwise, and every deploy with fallbacks would fail at the site's validate)."""
     tasks = yaml.safe_load((ROUTER / "tasks" / "configure.yml").read_text())
-    (site,) = [t for t in tasks if t.get("name") == "Configure the authenticating front"]
-    assert site["ansible.builtin.template"]["validate"].startswith(
-        'sh -c \'c=$(mktemp) && printf "include /etc/nginx/modules-enabled/*.conf;\\npid ')
+    (front,) = [t for t in tasks if t.get("name", "").startswith("Write the front's client keys")]
+    assert "'validate': _vllm_router_nginx_site_check" in front["inferops.vllm.config_files"]["files"]
+    check = yaml.safe_load((ROUTER / "vars" / "main.yml").read_text())["_vllm_router_nginx_site_check"]
+    assert check.startswith('sh -c \'c=$(mktemp) && printf "include /etc/nginx/modules-enabled/*.conf;\\npid ')
 
 
 def test_the_filter_and_the_pd_check_share_one_rule():

@@ -29,10 +29,24 @@ pytestmark = pytest.mark.skipif(not Path(ANSIBLE_PLAYBOOK).is_file() and not shu
 INSTANCES = [{"name": "a"}, {"name": "b"}, {"name": "c"}]
 
 
-def changed(*names: str) -> dict[str, Any]:
-    """A looped task's registered result in which the instances ``names`` changed."""
-    results = [{"item": inst, "changed": inst["name"] in names} for inst in INSTANCES]
-    return {"changed": bool(names), "results": results}
+def files(*changed_keys: str) -> dict[str, Any]:
+    """The registered result of the task that writes the keys file, each instance's config.toml and environment file
+    (inferops.vllm.config_files; an entry's key is its instance's name, the keys file's is api_keys), in which the
+    entries of ``changed_keys`` changed (an instance's name: both of its files)."""
+    entries = [("/etc/vllm/api-keys", "api_keys")]
+    entries += [(f"/etc/vllm/{inst['name']}.{ext}", inst["name"]) for ext in ("toml", "env") for inst in INSTANCES]
+    results = [{"path": path, "key": key, "changed": key in changed_keys} for path, key in entries]
+    return {"changed": bool(changed_keys), "results": results}
+
+
+def units(unit: bool = False, dropins: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The registered result of the task that writes the unit (key unit) and each instance's stop-timeout drop-in."""
+    results = [{"path": "/etc/systemd/system/vllm@.service", "key": "unit", "changed": unit}]
+    for inst in INSTANCES:
+        dropin = f"/etc/systemd/system/vllm@{inst['name']}.service.d"
+        results += [{"path": dropin, "key": None, "changed": False},
+                    {"path": f"{dropin}/inferops-stop-timeout.conf", "key": None, "changed": inst["name"] in dropins}]
+    return {"changed": unit or bool(dropins), "results": results}
 
 
 def launcher(*states: str) -> dict[str, Any]:
@@ -48,19 +62,23 @@ def launcher(*states: str) -> dict[str, Any]:
 
 # host -> (registered results, instances running, (marked, restarted) with rolling, restarted with immediate)
 CASES = {
-    "nothing": ({"configs": changed(), "envs": changed()}, ["a", "b"], ([], []), []),
-    "one-config": ({"configs": changed("b"), "envs": changed()}, ["a", "b"], (["b"], []), ["b"]),
-    "config-and-env": ({"configs": changed("a"), "envs": changed("a", "c")}, ["a"], (["a"], ["c"]), ["a", "c"]),
-    "unit": ({"configs": changed(), "envs": changed(), "unit": {"changed": True}}, ["a", "c"],
-             (["a", "c"], ["b"]), ["a", "b", "c"]),
-    "launcher": ({"configs": changed(), "envs": changed(), "launcher": launcher("file")}, [],
-                 ([], ["a", "b", "c"]), ["a", "b", "c"]),
+    "nothing": ({"files": files()}, ["a", "b"], ([], []), []),
+    "one-config": ({"files": files("b")}, ["a", "b"], (["b"], []), ["b"]),
+    "two-instances": ({"files": files("a", "c")}, ["a"], (["a"], ["c"]), ["a", "c"]),
+    # A key change: the middleware re-reads the keys file, no instance restarts.
+    "keys": ({"files": files("api_keys")}, ["a", "b", "c"], ([], []), []),
+    "unit": ({"files": files(), "units": units(unit=True)}, ["a", "c"], (["a", "c"], ["b"]), ["a", "b", "c"]),
+    # A stop timeout changed (a daemon-reload, handlers/main.yml): no instance restarts for it.
+    "dropin": ({"files": files(), "units": units(dropins=("a",))}, ["a", "b"], ([], []), []),
+    "launcher": ({"files": files(), "launcher": launcher("file")}, [], ([], ["a", "b", "c"]), ["a", "b", "c"]),
     # A directory of that task (mode or owner) changed, no file the instances run: nothing restarts.
-    "launcher-directory": ({"configs": changed(), "envs": changed(), "launcher": launcher("directory")}, ["a"],
-                           ([], []), []),
-    # The environment task failed before it registered anything (deploy_pd.yml forces the handlers): the config
-    # change made before it still restarts its instance.
-    "failed-after-config": ({"launcher": launcher(), "configs": changed("c"), "unit": None, "envs": None},
+    "launcher-directory": ({"files": files(), "launcher": launcher("directory")}, ["a"], ([], []), []),
+    # The files' task failed (a config.toml the launcher refused: the module put back what it had written, and
+    # registered no results; deploy_pd.yml forces the handlers): nothing restarts, the unit task never ran.
+    "files-failed": ({"launcher": launcher(), "files": {"failed": True, "changed": False}, "units": None},
+                     ["a", "b", "c"], ([], []), []),
+    # The unit's task failed after the files changed: the config change made before it still restarts its instance.
+    "failed-after-config": ({"launcher": launcher(), "files": files("c"), "units": {"failed": True, "changed": False}},
                             ["a", "b", "c"], (["c"], []), ["c"]),
 }
 
@@ -71,9 +89,9 @@ def _host(registered: dict[str, Any], running: list[str]) -> dict[str, Any]:
             "__vllm_instance_active": {"stdout_lines": ["active" if i["name"] in running else "inactive"
                                                         for i in INSTANCES]},
             }
-    names = {"launcher": "launcher_file", "configs": "configs", "envs": "envs", "unit": "unit_file"}
+    names = {"launcher": "launcher_file", "files": "files", "units": "unit_files"}
     for key, name in names.items():
-        value = registered.get(key, {"changed": False})
+        value = registered.get(key, {"changed": False, "results": []} if key != "units" else units())
         if value is not None:  # None: the task did not run (a failure before it), so nothing was registered
             host[f"__vllm_instance_{name}"] = value
     return host
@@ -131,6 +149,6 @@ def test_the_handlers_restart_what_the_tasks_changed(decisions, case):
 
 def test_no_role_var_reads_registered_results():
     variables = (ROLE / "vars" / "main.yml").read_text(encoding="utf-8")
-    for registered in ("__vllm_instance_configs", "__vllm_instance_envs", "__vllm_instance_unit_file",
-                       "__vllm_instance_launcher_file", "__vllm_instance_active"):
+    for registered in ("__vllm_instance_files", "__vllm_instance_unit_files", "__vllm_instance_launcher_file",
+                       "__vllm_instance_active"):
         assert registered not in variables, registered

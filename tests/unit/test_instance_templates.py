@@ -49,15 +49,6 @@ def _collections_path() -> str:
     return os.pathsep.join([ours, extra])
 
 
-HOST_DIRS = ("{{ vllm_instance_config_dir }}/", "/etc/systemd/system/")
-
-
-def _rehome(path: str) -> str:
-    """A path of the role on the host, moved into the test's directory for the host."""
-    (prefix,) = [p for p in HOST_DIRS if path.startswith(p)]
-    return "{{ out }}/{{ inventory_hostname }}/" + path[len(prefix):]
-
-
 def flat(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The tasks of a tasks file, those of its blocks (block, rescue, always) included."""
     out = []
@@ -68,35 +59,28 @@ def flat(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _role_task(tasks: list[dict[str, Any]], module: str, key: str, value: str) -> dict[str, Any]:
-    """The task of tasks/configure.yml whose ``module`` has ``key: value``, writing into the test's directory
-    (no owner, no validation by the launcher on the host, no handlers)."""
-    (task,) = [t for t in tasks if (t.get(module) or {}).get(key) == value]
-    task = {k: v for k, v in task.items() if k not in ("register", "notify", "diff", "when")}
-    args = {k: v for k, v in task[module].items() if k not in ("owner", "group", "validate")}
-    if module == "ansible.builtin.template":
-        args["src"] = str(ROLE / "templates" / args["src"])
-    if "dest" in args:
-        args["dest"] = _rehome(args["dest"])
-    else:
-        args["path"] = _rehome(args["path"])
-    task[module] = args
-    return task
-
-
-def _config_files_task(tasks: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    """The inferops.vllm.config_files task of tasks/configure.yml called ``name``, writing its files into the
-    test's directory (paths rehomed as _rehome does, no owner or group, no handlers)."""
+def _config_files_task(tasks: list[dict[str, Any]], name: str, only: str = "true") -> dict[str, Any]:
+    """The inferops.vllm.config_files task of tasks/configure.yml called ``name``, writing the entries ``f`` the Jinja
+    test ``only`` keeps into the test's directory (under the host's directory, without /etc/systemd/system/ or
+    the configuration directory; no owner or group, no validation by
+    the launcher on the host, no handlers)."""
     (task,) = [t for t in tasks if t.get("name") == name]
     files = task["inferops.vllm.config_files"]["files"]
     rehomed = (
-        "{%- set ns = namespace(out=[]) -%}{%- for f in __files -%}"
-        "{%- set ns.out = ns.out + [f | combine({'owner': None, 'group': None, 'path': out ~ '/' ~ inventory_hostname"
-        " ~ '/' ~ (f.path | regex_replace('^/etc/systemd/system/', ''))})"
+        "{%- set ns = namespace(out=[]) -%}{%- for f in __files if " + only + " -%}"
+        "{%- set ns.out = ns.out + [f | combine({'owner': None, 'group': None, 'validate': None, 'path': out ~ '/'"
+        " ~ inventory_hostname ~ '/' ~ (f.path | regex_replace('^/etc/systemd/system/', '')"
+        " | regex_replace('^' ~ vllm_instance_config_dir ~ '/', ''))})"
         f" | combine({{'template': '{ROLE}/templates/' ~ f.template}} if f.template is defined else {{}})] -%}}"
         "{%- endfor -%}{{ ns.out }}"
     )
     return {"name": name, "vars": {"__files": files}, "inferops.vllm.config_files": {"files": rehomed}}
+
+
+# The role's tasks that write the instances' files (tasks/configure.yml).
+FILES_TASK = "Write the keys the instances accept, each instance's config.toml and its environment file (secrets)"
+UNIT_TASK = ("Install the systemd unit template and give each instance's unit its stop timeout (drain + the "
+             "launcher's cleanup)")
 
 
 def playbook() -> list[dict[str, Any]]:
@@ -115,12 +99,10 @@ def playbook() -> list[dict[str, Any]]:
             {"name": "The host's directory", "ansible.builtin.file": {
                 "path": "{{ out }}/{{ inventory_hostname }}", "state": "directory", "mode": "0700"}},
             place,
-            _role_task(tasks, "ansible.builtin.copy", "dest", "{{ vllm_instance_config_dir }}/{{ item.name }}.toml"),
-            _config_files_task(tasks, "Give each instance's unit its stop timeout (drain + the launcher's cleanup)"),
-            # The unit template the host's instances share.
-            {"name": "The instances' unit", "ansible.builtin.template": {
-                "src": str(ROLE / "templates" / "vllm@.service.j2"),
-                "dest": "{{ out }}/{{ inventory_hostname }}/vllm@.service", "mode": "0600"}},
+            # Each instance's config.toml (not the keys or the environment files).
+            _config_files_task(tasks, FILES_TASK, only="f.path.endswith('.toml')"),
+            # The unit template the host's instances share, and each instance's drop-in.
+            _config_files_task(tasks, UNIT_TASK),
             # What the preflight renders the TOML from (as the role's preflight passes it).
             {"name": "What the host published", "ansible.builtin.copy": {
                 "dest": "{{ out }}/{{ inventory_hostname }}/published.json", "mode": "0600",

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import DECODE, PREFILL, ROUTER, container_ip, front_ca, instance_auth, secret, task_result
+from conftest import DECODE, PREFILL, ROUTER, container_ip, front_ca, instance_auth, secret, task_blocks, task_result
 
 # `systemd-analyze security` exposure bounds (0 = locked down, 10 = everything allowed).
 BOUNDS = [
@@ -38,6 +38,11 @@ def test_unit_exposure_is_under_its_bound(request, container, unit, bound):
     assert float(match.group(1)) <= bound, f"{unit} on {container}: {match.group(1)} > {bound}\n" + "\n".join(
         line for line in out.splitlines() if line.startswith("✗")
     )
+
+
+# The instance role's task that writes the keys file (and the instances' config.toml and environment files).
+INSTANCE_FILES_TASK = ("vllm_instance : Write the keys the instances accept, each instance's config.toml and its "
+                       "environment file (secrets)")
 
 
 def test_a_check_diff_run_that_changes_every_key_shows_none(router_host):
@@ -65,15 +70,21 @@ def test_a_check_diff_run_that_changes_every_key_shows_none(router_host):
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-3000:]
     # The run did see each key-bearing file change (or there would be nothing to hide)...
-    for task, host in (("vllm_router : Write the client keys for the front", ROUTER),
-                       ("vllm_router : Write how the front passes requests upstream (with the instances' key)", ROUTER),
+    for task, host in (("vllm_router : Write the front's client keys, upstream settings (with the instances' key), "
+                        "njs module and site", ROUTER),
                        ("vllm_router : Write the router's environment file (the key it presents to the instances)",
                         ROUTER),
-                       ("vllm_instance : Accept the instance key (first, beside the keys accepted now while a "
-                        "rotation runs)", PREFILL),
-                       ("vllm_instance : Accept the instance key (first, beside the keys accepted now while a "
-                        "rotation runs)", DECODE)):
+                       (INSTANCE_FILES_TASK, PREFILL),
+                       (INSTANCE_FILES_TASK, DECODE)):
         assert task_result(output, task, host) == "changed", (task, host, output[-3000:])
+    # The front's task writes both key-bearing files among others: its diff says that each changes, without its text.
+    (front,) = task_blocks(output, "inferops.vllm.vllm_router : Write the front's client keys, upstream settings (with "
+                                   "the instances' key), njs module and site")
+    (instances,) = task_blocks(output, f"inferops.vllm.{INSTANCE_FILES_TASK}")
+    for path, block in (("/etc/nginx/inferops-vllm-keys.map", front), ("/etc/nginx/inferops-vllm-proxy.conf", front),
+                        ("/etc/vllm/api-keys", instances)):
+        assert (f"+++ after: {path}\n@@ -1 +1 @@\n-(secret: not shown)\n+(secret, changed: not shown)\n"
+                in block), (path, block[-3000:])
     # ...and showed no key, old or new.
     for name, key in (("new instance key", new_instance_key), ("new client key", new_client_key),
                       ("instance key", secret("instance_api_key")), ("client key", secret("client_api_key"))):
