@@ -30,11 +30,10 @@ INSTANCES = [{"name": "a"}, {"name": "b"}, {"name": "c"}]
 
 
 def files(*changed_keys: str) -> dict[str, Any]:
-    """The registered result of the task that writes the keys file, each instance's config.toml and environment file
-    (inferops.vllm.config_files; an entry's key is its instance's name, the keys file's is api_keys), in which the
-    entries of ``changed_keys`` changed (an instance's name: both of its files)."""
-    entries = [("/etc/vllm/api-keys", "api_keys")]
-    entries += [(f"/etc/vllm/{inst['name']}.{ext}", inst["name"]) for ext in ("toml", "env") for inst in INSTANCES]
+    """The registered result of the task that writes each instance's config.toml and environment file
+    (inferops.vllm.config_files; an entry's key is its instance's name), in which the entries of ``changed_keys``
+    changed (an instance's name: both of its files)."""
+    entries = [(f"/etc/vllm/{inst['name']}.{ext}", inst["name"]) for ext in ("toml", "env") for inst in INSTANCES]
     results = [{"path": path, "key": key, "changed": key in changed_keys} for path, key in entries]
     return {"changed": bool(changed_keys), "results": results}
 
@@ -65,8 +64,6 @@ CASES = {
     "nothing": ({"files": files()}, ["a", "b"], ([], []), []),
     "one-config": ({"files": files("b")}, ["a", "b"], (["b"], []), ["b"]),
     "two-instances": ({"files": files("a", "c")}, ["a"], (["a"], ["c"]), ["a", "c"]),
-    # A key change: the middleware re-reads the keys file, no instance restarts.
-    "keys": ({"files": files("api_keys")}, ["a", "b", "c"], ([], []), []),
     "unit": ({"files": files(), "units": units(unit=True)}, ["a", "c"], (["a", "c"], ["b"]), ["a", "b", "c"]),
     # A stop timeout changed (a daemon-reload, handlers/main.yml): no instance restarts for it.
     "dropin": ({"files": files(), "units": units(dropins=("a",))}, ["a", "b"], ([], []), []),

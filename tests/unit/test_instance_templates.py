@@ -78,7 +78,7 @@ def _config_files_task(tasks: list[dict[str, Any]], name: str, only: str = "true
 
 
 # The role's tasks that write the instances' files (tasks/configure.yml).
-FILES_TASK = "Write the keys the instances accept, each instance's config.toml and its environment file (secrets)"
+FILES_TASK = "Write each instance's config.toml and its environment file (secrets)"
 UNIT_TASK = ("Install the systemd unit template and give each instance's unit its stop timeout (drain + the "
              "launcher's cleanup)")
 
@@ -99,7 +99,7 @@ def playbook() -> list[dict[str, Any]]:
             {"name": "The host's directory", "ansible.builtin.file": {
                 "path": "{{ out }}/{{ inventory_hostname }}", "state": "directory", "mode": "0700"}},
             place,
-            # Each instance's config.toml (not the keys or the environment files).
+            # Each instance's config.toml (not the environment files).
             _config_files_task(tasks, FILES_TASK, only="f.path.endswith('.toml')"),
             # The unit template the host's instances share, and each instance's drop-in.
             _config_files_task(tasks, UNIT_TASK),

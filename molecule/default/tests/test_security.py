@@ -40,9 +40,9 @@ def test_unit_exposure_is_under_its_bound(request, container, unit, bound):
     )
 
 
-# The instance role's task that writes the keys file (and the instances' config.toml and environment files).
-INSTANCE_FILES_TASK = ("vllm_instance : Write the keys the instances accept, each instance's config.toml and its "
-                       "environment file (secrets)")
+# The instance role's task that writes the keys file.
+INSTANCE_KEYS_TASK = ("vllm_instance : Accept the instance key (first, beside the keys accepted now while a rotation "
+                      "runs)")
 
 
 def test_a_check_diff_run_that_changes_every_key_shows_none(router_host):
@@ -74,13 +74,13 @@ def test_a_check_diff_run_that_changes_every_key_shows_none(router_host):
                         "njs module and site", ROUTER),
                        ("vllm_router : Write the router's environment file (the key it presents to the instances)",
                         ROUTER),
-                       (INSTANCE_FILES_TASK, PREFILL),
-                       (INSTANCE_FILES_TASK, DECODE)):
+                       (INSTANCE_KEYS_TASK, PREFILL),
+                       (INSTANCE_KEYS_TASK, DECODE)):
         assert task_result(output, task, host) == "changed", (task, host, output[-3000:])
     # The front's task writes both key-bearing files among others: its diff says that each changes, without its text.
     (front,) = task_blocks(output, "inferops.vllm.vllm_router : Write the front's client keys, upstream settings (with "
                                    "the instances' key), njs module and site")
-    (instances,) = task_blocks(output, f"inferops.vllm.{INSTANCE_FILES_TASK}")
+    (instances,) = task_blocks(output, f"inferops.vllm.{INSTANCE_KEYS_TASK}")
     for path, block in (("/etc/nginx/inferops-vllm-keys.map", front), ("/etc/nginx/inferops-vllm-proxy.conf", front),
                         ("/etc/vllm/api-keys", instances)):
         assert (f"+++ after: {path}\n@@ -1 +1 @@\n-(secret: not shown)\n+(secret, changed: not shown)\n"

@@ -58,7 +58,7 @@ def test_the_role_builds_its_settings_from_the_schema():
     assert "inferops.vllm.instance_setting_names" in variables["_vllm_instance_setting_names"]
     assert "_vllm_instance_setting_names" in variables["_vllm_instance_settings"]
     tasks = flat(yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text(encoding="utf-8")))
-    (render,) = [t for t in tasks if t["name"].startswith("Write the keys the instances accept, each")]
+    (render,) = [t for t in tasks if t["name"].startswith("Write each instance's config.toml")]
     assert "inferops.vllm.instance_toml(" in render["inferops.vllm.config_files"]["files"]
     assert not (ROLE / "templates" / "instance.toml.j2").exists()
 
