@@ -78,3 +78,54 @@ def test_repeated_failed_rotations_keep_at_most_three_old_keys(tmp_path):
     for n in range(6):
         _done, keys = run(tmp_path, "keys", f"key{n}-0123456789abcdefghijklmnopqrstuvwxyz")
     assert keys[0].startswith("key5-") and len(keys) == 4, keys
+
+
+ONE_RUN = """\
+- name: The vllm_instance keys tasks, then the last play's retirement, in one run (as deploy_pd.yml runs them)
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Keys
+      ansible.builtin.include_role:
+        name: inferops.vllm.vllm_instance
+        tasks_from: keys
+    - name: Retire
+      ansible.builtin.include_role:
+        name: inferops.vllm.vllm_instance
+        tasks_from: retire_keys
+"""
+
+
+def test_in_one_run_the_retirement_reads_and_writes_only_while_a_rotation_is_under_way(tmp_path):
+    """deploy_pd.yml's last play re-reads and rewrites the keys file only when its instance play found a rotation
+    under way: with the key alone in the file (every run but a rotation's), it makes no module run."""
+    playbook = tmp_path / "one-run.yml"
+    playbook.write_text(ONE_RUN)
+
+    def one_run(key):
+        extra = {"ansible_python_interpreter": sys.executable, "vllm_instance_api_key": key,
+                 "vllm_instance_config_dir": str(tmp_path), "vllm_install_group": str(os.getgid())}
+        done = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
+                              cwd=REPO, env=playbook_env(ANSIBLE_LOCALHOST_WARNING="0"), capture_output=True,
+                              text=True, timeout=180, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        keys = [line for line in (tmp_path / "api-keys").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+        retire = done.stdout[done.stdout.index("TASK [Retire]"):]
+        return keys, retire
+
+    def result(retire, task):
+        """What the retirement's task ``task`` reported (its block of the output up to the next task)."""
+        return retire.split(f"TASK [inferops.vllm.vllm_instance : {task}]", 1)[1].split("TASK [", 1)[0]
+
+    keys, retire = one_run(OLD)
+    assert keys == [OLD]
+    # No rotation: the retirement neither read nor wrote the file.
+    assert "skipping: [localhost]" in result(retire, "Read the keys the instances accept now")
+    assert "skipping: [localhost]" in result(retire, "Accept vllm_instance_api_key alone")
+    # A rotation: the instance play accepts both, and the same run's retirement reads the file and drops the old key.
+    keys, retire = one_run(NEW)
+    assert keys == [NEW]
+    assert "ok: [localhost]" in result(retire, "Read the keys the instances accept now")
+    assert "changed: [localhost]" in result(retire, "Accept vllm_instance_api_key alone")
