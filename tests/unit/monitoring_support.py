@@ -347,7 +347,7 @@ def role_task(tasks_file: str, name: str, **changes: Any) -> dict[str, Any]:
     tasks = yaml.safe_load((ROLE / "tasks" / tasks_file).read_text(encoding="utf-8"))
     (task,) = [t for t in walk(tasks) if t.get("name") == name]
     task = {k: v for k, v in task.items() if k not in ("notify", "when", "block")}
-    (module,) = [k for k in task if k.startswith("ansible.builtin.")]
+    (module,) = [k for k in task if k.startswith(("ansible.builtin.", "inferops.vllm."))]
     args = dict(task[module])
     for key, value in changes.items():
         if value is None:

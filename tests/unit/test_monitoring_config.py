@@ -539,9 +539,16 @@ def test_the_preflight_refuses_bad_settings_and_shapes(preflights, case):
 
 class FakePrometheus(http.server.BaseHTTPRequestHandler):
     targets: list[dict[str, Any]] = []
+    rule_groups: list[str] = ["inferops-vllm-pd"]
 
     def do_GET(self):  # noqa: N802 - http.server's name
-        body = json.dumps({"status": "success", "data": {"activeTargets": self.targets, "droppedTargets": []}}).encode()
+        if self.path.startswith("/api/v1/targets"):
+            data = {"activeTargets": self.targets, "droppedTargets": []}
+        elif self.path.startswith("/api/v1/rules"):
+            data = {"groups": [{"name": name, "rules": []} for name in self.rule_groups]}
+        else:  # /-/ready
+            data = {}
+        body = json.dumps({"status": "success", "data": data}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -559,8 +566,13 @@ def _target(job, host, url, health, error="", instance_name=None):
     return {"labels": labels, "scrapeUrl": url, "health": health, "lastError": error}
 
 
-@pytest.mark.parametrize("require", [True, False])
-def test_a_target_prometheus_cannot_reach_is_named(tmp_path, require):
+# The third case's targets are all up (no wait for a down one's grace): its rules are what it checks.
+@pytest.mark.parametrize(("require", "rules_loaded"), [(True, True), (False, True), (True, False)])
+def test_a_target_prometheus_cannot_reach_is_named(tmp_path, require, rules_loaded):
+    """The role's check of Prometheus (inferops.vllm.prometheus_status and the checks of what it returns) against a
+    fake Prometheus: a target it cannot scrape is named, and fails the run unless vllm_monitoring_require_targets_up
+    is false; alert rules it did not load fail the run."""
+    FakePrometheus.rule_groups = ["inferops-vllm-pd"] if rules_loaded else ["some-other-group"]
     FakePrometheus.targets = [
         _target("vllm", "p1", "http://10.0.0.11:8100/metrics", "up", instance_name="prefill-0"),
         _target(
@@ -570,16 +582,15 @@ def test_a_target_prometheus_cannot_reach_is_named(tmp_path, require):
             "down",
             'Get "http://10.0.0.21:9100/metrics": dial tcp 10.0.0.21:9100: connect: connection refused',
         ),
-    ]
+    ][: 2 if rules_loaded else 1]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         tasks = [
-            role_task("service.yml", n)
-            for n in (
-                "Note when the wait for the targets begins",
-                "Wait until Prometheus scraped every target, and every target is up or had its chances",
-                "Name the targets Prometheus cannot scrape",
+            role_task(
+                "service.yml",
+                "Wait until Prometheus is ready and scraped every target (each up or given its chances), and read its"
+                " alert rules",
             )
         ]
         tasks += [
@@ -589,6 +600,7 @@ def test_a_target_prometheus_cannot_reach_is_named(tmp_path, require):
                 ("Warn about the targets Prometheus cannot scrape", "not vllm_monitoring_require_targets_up | bool"),
             )
         ]
+        tasks.append(role_task("service.yml", "Check that Prometheus loaded the alert rules"))
         run = run_playbook(
             tmp_path,
             "targets",
@@ -616,8 +628,12 @@ def test_a_target_prometheus_cannot_reach_is_named(tmp_path, require):
         "Prometheus cannot scrape 1 of 2 targets: node on d1 (http://10.0.0.21:9100/metrics): Get "
         '\\"http://10.0.0.21:9100/metrics\\": dial tcp 10.0.0.21:9100: connect: connection refused'
     )
-    assert named.replace('\\"', '"') in output.replace('\\"', '"'), output
-    assert (run.returncode != 0) == require, output
+    assert (named.replace('\\"', '"') in output.replace('\\"', '"')) == rules_loaded, output
+    assert run.returncode != 0 if require or not rules_loaded else run.returncode == 0, output
+    refused = 'Prometheus did not load the alert rule group inferops-vllm-pd'
+    assert (refused in output) == (not rules_loaded), output
+    if not rules_loaded:
+        assert 'it has ["some-other-group"]' in output, output
 
 
 def test_deploy_pd_skips_monitoring_without_a_monitoring_group(tmp_path):
