@@ -23,6 +23,8 @@ description:
     with, so a later run still finds it.
   - An instance whose file was rewritten and then set back to its old content (an inventory change undone) counts as
     stale too, and is rolled once more. A restart too many is safe; one too few leaves an instance on old settings.
+  - It also returns the instances whose unit is not both enabled and active (RV(not_started)), from the same
+    C(systemctl show), so that the role enables and starts only those (a module run per instance otherwise).
 author:
   - inferops.vllm developers (@inferops)
 extends_documentation_fragment:
@@ -102,6 +104,15 @@ marked:
   type: list
   elements: str
   sample: [decode-0]
+not_started:
+  description:
+    - The instances whose unit systemd does not show as both enabled (C(UnitFileState=enabled)) and active
+      (C(ActiveState=active)), in O(instances) order. An unknown unit, or a C(systemctl show) that fails, counts as
+      not started.
+  returned: always
+  type: list
+  elements: str
+  sample: [decode-1]
 instances:
   description: Per active instance, when it started and which of its files changed after that.
   returned: always
@@ -120,17 +131,19 @@ import time  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 
-def _started_at(module: AnsibleModule, unit: str) -> float | None:
-    """The wall-clock time the unit's main process started, or None when the unit is not active."""
-    rc, out, _err = module.run_command(["systemctl", "show", "-p", "ActiveState", "-p",
+def _unit_state(module: AnsibleModule, unit: str) -> tuple[float | None, bool]:
+    """(the wall-clock time the unit's main process started, or None when the unit is not active; whether the unit
+    is both enabled and active)."""
+    rc, out, _err = module.run_command(["systemctl", "show", "-p", "ActiveState", "-p", "UnitFileState", "-p",
                                         "ExecMainStartTimestampMonotonic", unit])
     if rc != 0:
-        return None
+        return None, False
     values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    running = values.get("ActiveState") == "active" and values.get("UnitFileState") == "enabled"
     monotonic_us = int(values.get("ExecMainStartTimestampMonotonic") or 0)
     if values.get("ActiveState") != "active" or not monotonic_us:
-        return None
-    return time.time() - time.monotonic() + monotonic_us / 1e6
+        return None, running
+    return time.time() - time.monotonic() + monotonic_us / 1e6, running
 
 
 def _newer(paths: list[str], started: float) -> list[str]:
@@ -159,10 +172,12 @@ def argument_spec() -> dict:
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     pending_dir = module.params["pending_dir"]
-    stale, marked, report = [], [], []
+    stale, marked, report, not_started = [], [], [], []
     for instance in module.params["instances"]:
         name = instance["name"]
-        started = _started_at(module, instance["unit"] or f"vllm@{name}.service")
+        started, running = _unit_state(module, instance["unit"] or f"vllm@{name}.service")
+        if not running:
+            not_started.append(name)
         if started is None:
             continue
         newer = _newer(list(instance["files"]) + list(module.params["common_files"]), started)
@@ -180,14 +195,14 @@ def main():
             if not os.path.isdir(pending_dir):
                 module.fail_json(msg=f"{name} is stale ({', '.join(newer)} changed after it started), and the "
                                      f"directory of the restart marks, {pending_dir}, does not exist",
-                                 stale=stale, marked=marked[:-1], instances=report)
+                                 stale=stale, marked=marked[:-1], instances=report, not_started=not_started)
             tmp = f"{mark}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(f"{name}: started before {', '.join(newer)} last changed (a run that changed them ended "
                         "before it marked the instance)\n")
             os.chmod(tmp, 0o644)
             os.replace(tmp, mark)
-    module.exit_json(changed=bool(marked), stale=stale, marked=marked, instances=report)
+    module.exit_json(changed=bool(marked), stale=stale, marked=marked, instances=report, not_started=not_started)
 
 
 if __name__ == "__main__":

@@ -295,7 +295,9 @@ STALE_CHECK = """
 
     - name: Say what it found
       ansible.builtin.debug:
-        msg: "STALE={{ stale.stale | to_json }} MARKED={{ stale.marked | to_json }}"
+        msg: >-
+          STALE={{ stale.stale | to_json }} MARKED={{ stale.marked | to_json }}
+          NOT_STARTED={{ stale.not_started | to_json }}
 """
 
 
@@ -312,12 +314,13 @@ def test_a_config_newer_than_its_running_instance_is_found_stale(decode_host, tm
     def found() -> str:
         run = inline_playbook(STALE_CHECK, tmp_path)
         assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-        return re.search(r"STALE=(\[.*?\]) MARKED=(\[.*?\])", run.stdout).group(0)
+        return re.search(r"STALE=(\[.*?\]) MARKED=(\[.*?\]) NOT_STARTED=(\[.*?\])", run.stdout).group(0)
 
-    assert found() == 'STALE=[] MARKED=[]'
+    # decode-0 runs, enabled: nothing for the role to start (it enables and starts only what the module returns).
+    assert found() == 'STALE=[] MARKED=[] NOT_STARTED=[]'
     try:
         decode.check_output(f"touch {config}")
-        assert found() == 'STALE=["decode-0"] MARKED=["decode-0"]'
+        assert found() == 'STALE=["decode-0"] MARKED=["decode-0"] NOT_STARTED=[]'
     finally:
         decode.check_output(f"touch -d @{mtime} {config}")
     assert not decode.file("/var/lib/inferops-vllm/restart-pending/decode-0").exists

@@ -19,19 +19,29 @@ from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import e
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
 
 
+class Units(dict):
+    """unit -> seconds ago its main process started (None: not active); ``disabled``: the units not enabled."""
+
+    def __init__(self):
+        super().__init__()
+        self.disabled: set[str] = set()
+
+
 @pytest.fixture()
 def units(monkeypatch):
-    """unit -> seconds ago its main process started (None: not active); what systemctl show says of it."""
-    started: dict[str, float | None] = {}
+    """What systemctl show says of each unit (Units)."""
+    started = Units()
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
 
     def run_command(_module, args, **_kwargs):
-        assert args[:2] == ["systemctl", "show"], args
+        assert args[:2] == ["systemctl", "show"] and "UnitFileState" in args, args
         ago = started.get(args[-1])
+        enabled = "disabled" if args[-1] in started.disabled else "enabled"
         if ago is None:
-            return 0, "ActiveState=inactive\nExecMainStartTimestampMonotonic=0\n", ""
-        return 0, f"ActiveState=active\nExecMainStartTimestampMonotonic={int((time.monotonic() - ago) * 1e6)}\n", ""
+            return 0, f"ActiveState=inactive\nUnitFileState={enabled}\nExecMainStartTimestampMonotonic=0\n", ""
+        return 0, (f"ActiveState=active\nUnitFileState={enabled}\n"
+                   f"ExecMainStartTimestampMonotonic={int((time.monotonic() - ago) * 1e6)}\n"), ""
 
     monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
     return started
@@ -119,3 +129,17 @@ def test_documentation_matches_argument_spec():
 
 def test_no_module_level_state():
     assert_no_globals_besides_documentation(vllm_instance_stale)
+
+
+def test_the_instances_not_enabled_and_active_are_returned_to_start(units, host):
+    """The role enables and starts only these: d1 does not run, d2 runs but is not enabled, d0 runs enabled."""
+    _tmp, pending, files = host
+    units.disabled.add("vllm@d2.service")
+    units.update({"vllm@d0.service": 60, "vllm@d2.service": 60})
+    base = args(files, pending)
+    out = run_module(vllm_instance_stale.main, {**base, "instances": [*base["instances"], {"name": "d2"}]})
+    assert out["not_started"] == ["d1", "d2"]
+    units.update({"vllm@d1.service": 60})
+    units.disabled.clear()
+    out = run_module(vllm_instance_stale.main, {**base, "instances": [*base["instances"], {"name": "d2"}]})
+    assert out["not_started"] == []
