@@ -1,0 +1,79 @@
+"""Unit tests for plugins/modules/venv_versions.py: the module's main() on a temporary directory (module args
+patched in, exit_json/fail_json turned into exceptions). The prune that uses it runs for real in
+tests/unit/test_python_venv_versions.py and in molecule's upgrade test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+from ansible.module_utils import basic
+from ansible_collections.inferops.vllm.plugins.modules import venv_versions
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
+    assert_documented_as_specified,
+    assert_no_globals_besides_documentation,
+    captured_module_arguments,
+    run_module,
+)
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import exit_json as _exit_json
+from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import fail_json as _fail_json
+
+
+@pytest.fixture(autouse=True)
+def module_harness(monkeypatch):
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
+
+
+def versioned(tmp_path, names=("old", "live", "older")):
+    """venv.d/<name> directories, modified in the order given (the first most recently), and a stray file."""
+    versions = tmp_path / "venv.d"
+    for age, name in enumerate(names):
+        (versions / name).mkdir(parents=True)
+        os.utime(versions / name, (1_000_000 - age * 100, 1_000_000 - age * 100))
+    (versions / "stray-file").write_text("x")
+    (versions / "link-to-live").symlink_to(versions / "live")
+    return versions
+
+
+def run(tmp_path, versions):
+    return run_module(venv_versions.main, {"path": str(tmp_path / "venv"), "versions_dir": str(versions)})
+
+
+def test_documentation_says_what_the_spec_does(monkeypatch):
+    spec = captured_module_arguments(monkeypatch, venv_versions)
+    assert spec["supports_check_mode"] is True
+    assert_documented_as_specified(yaml.safe_load(venv_versions.DOCUMENTATION)["options"], spec["argument_spec"])
+    assert_no_globals_besides_documentation(venv_versions)
+
+
+def test_the_live_directory_is_found_by_any_spelling_and_the_directories_listed_newest_first(tmp_path):
+    versions = versioned(tmp_path)
+    # A relative target through a detour: the same directory all the same.
+    (tmp_path / "venv").symlink_to("venv.d/../venv.d/live")
+    result = run(tmp_path, versions)
+    assert result["islnk"] is True and result["live"] == str(versions / "live")
+    assert [d["path"] for d in result["dirs"]] == [str(versions / n) for n in ("old", "live", "older")]
+    assert result["dirs"][0]["mtime"] == 1_000_000 and result["changed"] is False
+
+
+@pytest.mark.parametrize("venv", ["plain directory", "link elsewhere", "dangling link", "missing"])
+def test_no_live_directory_unless_the_link_points_into_the_versions(tmp_path, venv):
+    versions = versioned(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if venv == "plain directory":
+        (tmp_path / "venv").mkdir()
+    elif venv == "link elsewhere":
+        (tmp_path / "venv").symlink_to(elsewhere)
+    elif venv == "dangling link":
+        (tmp_path / "venv").symlink_to(versions / "gone")
+    result = run(tmp_path, versions)
+    assert result["islnk"] is (venv in ("link elsewhere", "dangling link"))
+    assert result["live"] is None and len(result["dirs"]) == 3
+
+
+def test_no_versions_directory_lists_nothing(tmp_path):
+    result = run(tmp_path, tmp_path / "venv.d")
+    assert (result["islnk"], result["live"], result["dirs"]) == (False, None, [])
