@@ -37,7 +37,11 @@ def _writes(task: dict) -> str:
     if not isinstance(module, dict):
         return ""
     parts = [str(module.get("dest", "")), str(module.get("path", ""))]
-    parts += [str(entry.get("path", "")) for entry in module.get("files", []) if isinstance(entry, dict)]
+    files = module.get("files", [])
+    if isinstance(files, str):  # config_files' entries built by a template: the paths are in its text
+        parts.append(files)
+    else:
+        parts += [str(entry.get("path", "")) for entry in files if isinstance(entry, dict)]
     return " ".join(parts)
 
 
