@@ -16,27 +16,26 @@ from test_preflight_inventories import ANSIBLE_PLAYBOOK, REPO, playbook_env
 
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")
 
-PLAYBOOK = """\
-- name: The vllm_instance keys tasks on the controller
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Keys
+INCLUDE = """\
+    - name: Run {entry}
       ansible.builtin.include_role:
         name: inferops.vllm.vllm_instance
-        tasks_from: "{{ entry }}"
+        tasks_from: {entry}
 """
 OLD = "oldKey0123456789abcdefghijklmnopqrstuvw"
 NEW = "newKey0123456789abcdefghijklmnopqrstuvw"
 
 
-def run(tmp_path, entry: str, key: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def run(tmp_path, entry: str | tuple[str, ...], key: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """The role's entry point ``entry`` (or several, in order, in one run: as deploy_pd.yml runs keys, then
+    retire_keys) on localhost with ``key``; what ansible-playbook printed, and the keys in the file."""
+    entries = (entry,) if isinstance(entry, str) else entry
     playbook = tmp_path / "keys.yml"
-    playbook.write_text(PLAYBOOK)
-    group = os.getgid()
-    extra = {"ansible_python_interpreter": sys.executable, "entry": entry, "vllm_instance_api_key": key,
-             "vllm_instance_config_dir": str(tmp_path), "vllm_install_group": str(group)}
+    playbook.write_text("- name: The vllm_instance keys tasks on the controller\n  hosts: localhost\n"
+                        "  connection: local\n  gather_facts: false\n  tasks:\n"
+                        + "".join(INCLUDE.format(entry=name) for name in entries))
+    extra = {"ansible_python_interpreter": sys.executable, "vllm_instance_api_key": key,
+             "vllm_instance_config_dir": str(tmp_path), "vllm_install_group": str(os.getgid())}
     done = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
                           cwd=REPO, env=playbook_env(ANSIBLE_LOCALHOST_WARNING="0"), capture_output=True, text=True,
                           timeout=180, check=False)
@@ -80,40 +79,13 @@ def test_repeated_failed_rotations_keep_at_most_three_old_keys(tmp_path):
     assert keys[0].startswith("key5-") and len(keys) == 4, keys
 
 
-ONE_RUN = """\
-- name: The vllm_instance keys tasks, then the last play's retirement, in one run (as deploy_pd.yml runs them)
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Keys
-      ansible.builtin.include_role:
-        name: inferops.vllm.vllm_instance
-        tasks_from: keys
-    - name: Retire
-      ansible.builtin.include_role:
-        name: inferops.vllm.vllm_instance
-        tasks_from: retire_keys
-"""
-
-
 def test_in_one_run_the_retirement_reads_and_writes_only_while_a_rotation_is_under_way(tmp_path):
     """deploy_pd.yml's last play re-reads and rewrites the keys file only when its instance play found a rotation
     under way: with the key alone in the file (every run but a rotation's), it makes no module run."""
-    playbook = tmp_path / "one-run.yml"
-    playbook.write_text(ONE_RUN)
 
     def one_run(key):
-        extra = {"ansible_python_interpreter": sys.executable, "vllm_instance_api_key": key,
-                 "vllm_instance_config_dir": str(tmp_path), "vllm_install_group": str(os.getgid())}
-        done = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
-                              cwd=REPO, env=playbook_env(ANSIBLE_LOCALHOST_WARNING="0"), capture_output=True,
-                              text=True, timeout=180, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-        keys = [line for line in (tmp_path / "api-keys").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-        retire = done.stdout[done.stdout.index("TASK [Retire]"):]
-        return keys, retire
+        done, keys = run(tmp_path, ("keys", "retire_keys"), key)
+        return keys, done.stdout[done.stdout.index("TASK [Run retire_keys]"):]
 
     def result(retire, task):
         """What the retirement's task ``task`` reported (its block of the output up to the next task)."""
