@@ -73,12 +73,18 @@ main() {
   local start bin t0 times=()
   start=$(date +%s)
   stage() { printf '\n\033[1m== %s\033[0m (t+%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
-  # timed NAME COMMAND...: runs a stage's command and records its time for the table at the end.
+  # busy: the jiffies this machine's cores have been busy (not idle, not waiting for I/O) since boot.
+  busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
+  local hz cores
+  hz=$(getconf CLK_TCK); cores=$(nproc)
+  # timed NAME COMMAND...: runs a stage's command and records its time for the table at the end, with how busy
+  # it kept the machine's cores (what is left is what another stage beside it could have used).
   timed() {
-    local name="$1" t rc=0; shift
-    t=$(date +%s)
+    local name="$1" t b rc=0; shift
+    t=$(date +%s); b=$(busy)
     "$@" || rc=$?
-    times+=("$name|$(( $(date +%s) - t ))|$rc")
+    t=$(( $(date +%s) - t )); b=$(( $(busy) - b ))
+    times+=("$name|$t|$rc|$(( t > 0 ? 100 * b / (hz * cores * t) : 0 ))")
     return "$rc"
   }
 
@@ -264,10 +270,10 @@ playbook_recaps() {
 report_times() {
   local row name secs rc total=$(( $(date +%s) - start ))
   printf '\n\033[1m== time per stage\033[0m\n'
-  printf '%-62s %8s  %s\n' "stage" "seconds" "result"
+  printf '%-62s %8s %6s  %s\n' "stage" "seconds" "busy" "result"
   for row in "${times[@]}"; do
-    IFS='|' read -r name secs rc <<<"$row"
-    printf '%-62s %8s  %s\n' "$name" "$secs" "$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")"
+    IFS='|' read -r name secs rc pct <<<"$row"
+    printf '%-62s %8s %6s  %s\n' "$name" "$secs" "${pct:+$pct %}" "$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")"
   done
   printf '%-62s %8s  (%dm %02ds)\n' "total (wall clock)" "$total" $(( total / 60 )) $(( total % 60 ))
 }
