@@ -16,6 +16,9 @@ description:
     with its modification time.
   - "Why: the prune ran two M(ansible.builtin.stat) and one M(ansible.builtin.find) for this on every deploy, a
     module run each (about 0.25 s of a host's CPU on our 2-core test machines)."
+  - With O(marker), it also reads that file (the marker C(inferops.vllm.python_venv) writes into a version directory
+    once its install is finished), so that the role's main entry point learns in the same run whether the install
+    it wants is finished and already live, and skips its switch when it is.
   - It changes nothing.
 author:
   - inferops.vllm developers (@inferops)
@@ -39,6 +42,11 @@ options:
       - The directory of the venv's version directories. Its entries that are directories (not symlinks) are listed.
     type: path
     required: true
+  marker:
+    description:
+      - A file to read as text, usually the marker of the version directory wanted. Missing, RV(marker) is null;
+        any other error (a directory, no permission) fails the module.
+    type: path
 """
 
 EXAMPLES = r"""
@@ -62,6 +70,18 @@ live:
   returned: always
   type: str
   sample: /opt/vllm/venv.d/3f2a9c0d1e4b
+owner:
+  description:
+    - The user and the group that own the symlink O(path) (the link itself, not its target), or null when it is no
+      symlink.
+  returned: always
+  type: dict
+  sample: {user: root, group: root}
+marker:
+  description: The text of O(marker), or null when it does not exist or O(marker) was not given.
+  returned: always
+  type: str
+  sample: '{"packages": ["vllm==0.32.0"]}'
 dirs:
   description: The directories of O(versions_dir), most recently modified first; none when it does not exist.
   returned: always
@@ -78,10 +98,40 @@ dirs:
     - {path: /opt/vllm/venv.d/3f2a9c0d1e4b, mtime: 1796490538.0}
 """
 
-import os  # noqa: E402 (imports follow the documentation, as Ansible modules do)
+import grp  # noqa: E402 (imports follow the documentation, as Ansible modules do)
+import os  # noqa: E402
+import pwd  # noqa: E402
 import stat  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+
+def name_of(lookup, number):
+    """The name pwd or grp give a uid or gid, or the number as a string when there is none."""
+    try:
+        return lookup(number)[0]
+    except KeyError:
+        return str(number)
+
+
+def link_owner(path):
+    """{user, group} of the symlink ``path`` itself, or None when it is no symlink (or missing)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISLNK(info.st_mode):
+        return None
+    return {"user": name_of(pwd.getpwuid, info.st_uid), "group": name_of(grp.getgrgid, info.st_gid)}
+
+
+def read_marker(path):
+    """The text of the file ``path``, or None when it does not exist (other errors are raised)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def read_versions(path, versions_dir):
@@ -115,11 +165,22 @@ def read_versions(path, versions_dir):
 
 def main():
     module = AnsibleModule(
-        argument_spec={"path": {"type": "path", "required": True}, "versions_dir": {"type": "path", "required": True}},
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "versions_dir": {"type": "path", "required": True},
+            "marker": {"type": "path"},
+        },
         supports_check_mode=True,
     )
     islnk, live, dirs = read_versions(module.params["path"], module.params["versions_dir"])
-    module.exit_json(changed=False, islnk=islnk, live=live, dirs=dirs)
+    marker = None
+    if module.params["marker"]:
+        try:
+            marker = read_marker(module.params["marker"])
+        except (OSError, UnicodeDecodeError) as e:
+            module.fail_json(msg=f"cannot read {module.params['marker']}: {e}")
+    module.exit_json(changed=False, islnk=islnk, live=live, owner=link_owner(module.params["path"]), marker=marker,
+                     dirs=dirs)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ tests/unit/test_python_venv_versions.py and in molecule's upgrade test."""
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 
 import pytest
 import yaml
@@ -77,3 +79,33 @@ def test_no_live_directory_unless_the_link_points_into_the_versions(tmp_path, ve
 def test_no_versions_directory_lists_nothing(tmp_path):
     result = run(tmp_path, tmp_path / "venv.d")
     assert (result["islnk"], result["live"], result["dirs"]) == (False, None, [])
+
+
+def test_the_marker_is_read_in_the_same_run_and_missing_is_null(tmp_path):
+    versions = versioned(tmp_path)
+    (tmp_path / "venv").symlink_to(versions / "live")
+    (versions / "live" / ".marker.json").write_text('{"packages": ["vllm==0.32.0"]}')
+    args = {"path": str(tmp_path / "venv"), "versions_dir": str(versions)}
+    found = run_module(venv_versions.main, {**args, "marker": str(versions / "live" / ".marker.json")})
+    assert found["marker"] == '{"packages": ["vllm==0.32.0"]}' and found["live"] == str(versions / "live")
+    missing = run_module(venv_versions.main, {**args, "marker": str(versions / "old" / ".marker.json")})
+    assert missing["marker"] is None
+    assert run(tmp_path, versions)["marker"] is None
+
+
+def test_a_marker_that_cannot_be_read_fails(tmp_path):
+    versions = versioned(tmp_path)
+    failed = run_module(venv_versions.main, {"path": str(tmp_path / "venv"), "versions_dir": str(versions),
+                                             "marker": str(versions / "live")}, expect="fail")
+    assert failed["msg"].startswith(f"cannot read {versions / 'live'}: ")
+
+
+def test_the_owner_is_the_links_own_and_null_without_a_link(tmp_path):
+    versions = versioned(tmp_path)
+    (tmp_path / "venv").symlink_to(versions / "live")
+    info = os.lstat(tmp_path / "venv")
+    assert run(tmp_path, versions)["owner"] == {"user": pwd.getpwuid(info.st_uid).pw_name,
+                                                "group": grp.getgrgid(info.st_gid).gr_name}
+    (tmp_path / "venv").unlink()
+    (tmp_path / "venv").mkdir()
+    assert run(tmp_path, versions)["owner"] is None
