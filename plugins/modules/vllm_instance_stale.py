@@ -24,7 +24,9 @@ description:
   - An instance whose file was rewritten and then set back to its old content (an inventory change undone) counts as
     stale too, and is rolled once more. A restart too many is safe; one too few leaves an instance on old settings.
   - It also returns the instances whose unit is not both enabled and active (RV(not_started)), from the same
-    C(systemctl show), so that the role enables and starts only those (a module run per instance otherwise).
+    C(systemctl show), so that the role enables and starts only those (a module run per instance otherwise), and
+    with O(marks_dir) the restart marks there once its own are written (RV(pending)), so that the role says which
+    instances wait for a rolling restart without listing the directory in another module run.
 author:
   - inferops.vllm developers (@inferops)
 extends_documentation_fragment:
@@ -73,6 +75,13 @@ options:
       - Needed only when a mark is written; the module fails then when the directory does not exist.
     type: path
     default: ""
+  marks_dir:
+    description:
+      - Directory whose restart marks are returned in RV(pending), read after the marks of O(pending_dir) are
+        written (usually the same directory; given also when O(pending_dir) is empty, to list the marks an earlier
+        run left). Empty lists nothing; a directory that does not exist holds no mark.
+    type: path
+    default: ""
 notes:
   - Both times are read on the host's clocks. The start is systemd's C(CLOCK_MONOTONIC) time, turned into the
     wall clock of the files' modification times with the offset between the two clocks now. A step of the wall clock
@@ -113,6 +122,14 @@ not_started:
   type: list
   elements: str
   sample: [decode-1]
+pending:
+  description:
+    - The restart marks in O(marks_dir) (file names, that is instance names, sorted), including those this run wrote;
+      in check mode those it would write are not among them. Empty without O(marks_dir).
+  returned: always
+  type: list
+  elements: str
+  sample: [decode-0]
 instances:
   description: Per active instance, when it started and which of its files changed after that.
   returned: always
@@ -166,7 +183,19 @@ def argument_spec() -> dict:
         )),
         common_files=dict(type="list", elements="path", default=[]),
         pending_dir=dict(type="path", default=""),
+        marks_dir=dict(type="path", default=""),
     )
+
+
+def _marks(marks_dir: str) -> list[str]:
+    """The names of the restart marks in ``marks_dir`` (regular files, not a mark being written), sorted."""
+    if not marks_dir:
+        return []
+    try:
+        entries = list(os.scandir(marks_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(e.name for e in entries if e.is_file(follow_symlinks=False) and not e.name.endswith(".tmp"))
 
 
 def main():
@@ -202,7 +231,8 @@ def main():
                         "before it marked the instance)\n")
             os.chmod(tmp, 0o644)
             os.replace(tmp, mark)
-    module.exit_json(changed=bool(marked), stale=stale, marked=marked, instances=report, not_started=not_started)
+    module.exit_json(changed=bool(marked), stale=stale, marked=marked, instances=report, not_started=not_started,
+                     pending=_marks(module.params["marks_dir"]))
 
 
 if __name__ == "__main__":

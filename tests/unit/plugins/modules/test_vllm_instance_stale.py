@@ -143,3 +143,23 @@ def test_the_instances_not_enabled_and_active_are_returned_to_start(units, host)
     units.disabled.clear()
     out = run_module(vllm_instance_stale.main, {**base, "instances": [*base["instances"], {"name": "d2"}]})
     assert out["not_started"] == []
+
+
+def test_the_marks_are_listed_after_its_own_are_written_and_only_with_a_marks_dir(units, host):
+    """What the role says waits for a rolling restart: an earlier run's mark (d1, a stopped instance here), the one
+    this run writes (d0), not a mark still being written; nothing in check mode beyond what is there, nothing
+    without marks_dir, none in a directory that does not exist."""
+    tmp, pending, files = host
+    units.update({"vllm@d0.service": 600})
+    (pending / "d1").write_text("an earlier run's mark\n")
+    (pending / "d2.tmp").write_text("half written\n")
+    touch(tmp / "d0.toml", 30)
+    checked = run_module(vllm_instance_stale.main, args(files, pending, marks_dir=str(pending)), check_mode=True)
+    assert checked["pending"] == ["d1"]
+    assert run_module(vllm_instance_stale.main, args(files, pending, pending_dir=""))["pending"] == []
+    out = run_module(vllm_instance_stale.main, args(files, pending, marks_dir=str(pending)))
+    assert out["marked"] == ["d0"] and out["pending"] == ["d0", "d1"]
+    # Immediate restarts write no mark, and still list what an earlier run left.
+    assert run_module(vllm_instance_stale.main, args(files, pending, pending_dir="",
+                                                     marks_dir=str(pending)))["pending"] == ["d0", "d1"]
+    assert run_module(vllm_instance_stale.main, args(files, pending, marks_dir=str(tmp / "missing")))["pending"] == []
