@@ -72,8 +72,8 @@ def test_a_check_diff_run_that_changes_every_key_shows_none(router_host):
     # The run did see each key-bearing file change (or there would be nothing to hide)...
     for task, host in (("vllm_router : Write the front's client keys, upstream settings (with the instances' key), "
                         "njs module and site", ROUTER),
-                       ("vllm_router : Write the router's environment file (the key it presents to the instances)",
-                        ROUTER),
+                       ("vllm_router : Install the router's environment file (with the instances' key), systemd unit "
+                        "and each replica's ports (one unit per replica)", ROUTER),
                        (INSTANCE_KEYS_TASK, PREFILL),
                        (INSTANCE_KEYS_TASK, DECODE)):
         assert task_result(output, task, host) == "changed", (task, host, output[-3000:])
@@ -81,8 +81,10 @@ def test_a_check_diff_run_that_changes_every_key_shows_none(router_host):
     (front,) = task_blocks(output, "inferops.vllm.vllm_router : Write the front's client keys, upstream settings (with "
                                    "the instances' key), njs module and site")
     (instances,) = task_blocks(output, f"inferops.vllm.{INSTANCE_KEYS_TASK}")
+    (router,) = task_blocks(output, "inferops.vllm.vllm_router : Install the router's environment file (with the "
+                                    "instances' key), systemd unit and each replica's ports (one unit per replica)")
     for path, block in (("/etc/nginx/inferops-vllm-keys.map", front), ("/etc/nginx/inferops-vllm-proxy.conf", front),
-                        ("/etc/vllm/api-keys", instances)):
+                        ("/etc/vllm/api-keys", instances), ("/etc/vllm-router/router.env", router)):
         assert (f"+++ after: {path}\n@@ -1 +1 @@\n-(secret: not shown)\n+(secret, changed: not shown)\n"
                 in block), (path, block[-3000:])
     # ...and showed no key, old or new.
