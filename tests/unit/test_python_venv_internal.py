@@ -96,7 +96,10 @@ def test_a_play_that_calls_python_venv_is_refused(tmp_path, how, entry_point):
     assert result.returncode != 0, output
     assert REFUSAL in output, output
     assert "Use one of those roles, or playbooks/deploy_pd.yml, instead." in output, output
-    assert "TASK [inferops.vllm.python_venv : Check the venv path]" not in result.stdout, "a task after the guard ran"
+    assert "python_venv_path must be" not in output, "the path was judged, not the call"
+    assert not [line for line in result.stdout.splitlines() if line.startswith("TASK [inferops.vllm.python_venv : ")
+                and "Check that a role includes python_venv" not in line
+                and "Validating arguments against arg spec" not in line], "a task after the guard ran"
     assert "changed=0" in recap(result) and "failed=1" in recap(result), recap(result)
     assert not venv.exists() and not (tmp_path / "venv.d").exists()
 
@@ -115,3 +118,13 @@ def test_a_role_that_includes_python_venv_gets_past_the_check(tmp_path):
     assert REFUSAL not in output
     assert f"{venv} is not a symlink to an install in {venv}.d, so nothing was removed" in output, output
     assert "changed=0" in recap(result), recap(result)
+
+
+@pytest.mark.parametrize("path", ["opt/vllm/venv", "/opt/vllm/venv/"])
+def test_a_role_that_includes_python_venv_with_a_bad_path_is_refused_before_any_change(tmp_path, path):
+    result, output = run(stand_in_caller(tmp_path), "prune", python_venv_path=path, python_venv_keep_previous=1)
+    assert result.returncode != 0, output
+    assert REFUSAL not in output
+    assert (f"python_venv_path must be an absolute path without a trailing slash (is '{path}'); its installs go "
+            "into the directory beside it with .d appended.") in output, output
+    assert "changed=0" in recap(result) and "failed=1" in recap(result), recap(result)
