@@ -3,10 +3,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Which systemd units are not both enabled and active, from ``systemctl show`` output.
 
-Documented in systemd_pending.yml beside this file. vllm_router and vllm_monitoring enable and start
-three or more units each with a loop of ansible.builtin.systemd_service, one module run per unit on
-every run (~0.3-0.5 s each on our 2-core machines); they ask systemctl once first and loop only over
-the units that are not enabled and running yet.
+Documented in systemd_pending.yml and systemd_active.yml beside this file. vllm_router and vllm_monitoring
+enable and start three or more units each with a loop of ansible.builtin.systemd_service, one module run
+per unit on every run (~0.3-0.5 s each on our 2-core machines); they ask systemctl once first and loop
+only over the units that are not enabled and running yet. vllm_instance reads which instances run.
 """
 
 from __future__ import annotations
@@ -55,6 +55,23 @@ def systemd_pending(output, units):
     ]
 
 
+def systemd_active(output, units):
+    """The ActiveState of each entry of ``units`` (``active``, ``inactive``, ``failed``, ...), in their order.
+
+    ``output`` is as for systemd_pending. When the blocks do not match the units one to one (systemctl failed:
+    no systemd), every unit's state is ``unknown``: none counts as running.
+    """
+    if isinstance(units, (str, bytes, Mapping)) or not isinstance(units, Iterable):
+        raise AnsibleFilterError(f"systemd_active: the units are {units!r}, not a list of unit names.")
+    if not isinstance(output, str):
+        raise AnsibleFilterError(f"systemd_active: the systemctl output is {output!r}, not a text.")
+    units = [str(unit) for unit in units]
+    blocks = _blocks(output)
+    if len(blocks) != len(units):
+        return ["unknown"] * len(units)
+    return [block.get("ActiveState") or "unknown" for block in blocks]
+
+
 class FilterModule:
     def filters(self):
-        return {"systemd_pending": systemd_pending}
+        return {"systemd_pending": systemd_pending, "systemd_active": systemd_active}

@@ -1,10 +1,11 @@
-"""Unit tests for the inferops.vllm.systemd_pending filter (which units a role enables and starts)."""
+"""Unit tests for the inferops.vllm.systemd_pending filter (which units a role enables and starts) and
+inferops.vllm.systemd_active (which instances run)."""
 
 from __future__ import annotations
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.inferops.vllm.plugins.filter.systemd import FilterModule, systemd_pending
+from ansible_collections.inferops.vllm.plugins.filter.systemd import FilterModule, systemd_active, systemd_pending
 
 
 def _show(*states):
@@ -40,3 +41,25 @@ def test_bad_input_is_refused():
     with pytest.raises(AnsibleFilterError, match="not a text"):
         systemd_pending(None, ["nginx.service"])
     assert FilterModule().filters()["systemd_pending"] is systemd_pending
+
+
+def test_active_states_follow_the_units_order_like_systemctl_is_active():
+    out = _show(("enabled", "active"), ("", "inactive"), ("enabled", "failed"), ("enabled", "activating"))
+    assert systemd_active(out, ["a", "b", "c", "d"]) == ["active", "inactive", "failed", "activating"]
+    # A block without ActiveState says nothing: unknown, so not running.
+    assert systemd_active("Id=a.service\nUnitFileState=enabled\n", ["a"]) == ["unknown"]
+
+
+def test_active_states_of_output_that_does_not_match_the_units_are_unknown():
+    # systemctl failed (no systemd): the module returns an empty output; no unit counts as running.
+    assert systemd_active("", ["a", "b"]) == ["unknown", "unknown"]
+    assert systemd_active(_show(("enabled", "active")), ["a", "b"]) == ["unknown", "unknown"]
+    assert systemd_active("", []) == []
+
+
+def test_active_refuses_bad_input():
+    with pytest.raises(AnsibleFilterError, match="systemd_active: .*not a list"):
+        systemd_active("", "vllm@decode-0.service")
+    with pytest.raises(AnsibleFilterError, match="systemd_active: .*not a text"):
+        systemd_active(None, ["vllm@decode-0.service"])
+    assert FilterModule().filters()["systemd_active"] is systemd_active

@@ -69,7 +69,8 @@ def test_nothing_asked_runs_nothing(commands):
     result = run_module(system_state.main, {"packages": [], "units": ["nginx.service"]})
     assert ran == [["systemctl", "show", "--property=Id,UnitFileState,ActiveState", "--", "nginx.service"]]
     assert result["dpkg"] == ""
-    assert run_module(system_state.main, {}) == {"changed": False, "dpkg": "", "systemd": ""}
+    assert run_module(system_state.main, {}) == {"changed": False, "dpkg": "", "systemd": "", "exists": {},
+                                                 "contents": {}, "matches": {}}
     assert len(ran) == 1
 
 
@@ -81,3 +82,40 @@ def test_a_failing_dpkg_fails_and_a_failing_systemctl_shows_every_unit_pending(c
     answers["dpkg-query"] = (2, "", "dpkg-query: error: database locked")
     failed = run_module(system_state.main, {"packages": ["nftables"]}, expect="fail")
     assert failed["msg"] == "dpkg-query --show failed (rc 2): dpkg-query: error: database locked"
+
+
+def test_paths_files_and_globs_are_read_in_the_same_run(commands, tmp_path):
+    ran, _answers = commands
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "decode-0.toml").write_bytes(b"[server]\nport = 8200\n")
+    (tmp_path / "conf" / "decode-1.toml").write_text("")
+    (tmp_path / "conf" / ".hidden.toml").write_text("x")
+    (tmp_path / "conf" / "decode-0.env").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "conf" / "decode-0.toml")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    conf = str(tmp_path / "conf")
+    result = run_module(system_state.main, {
+        "paths": [str(tmp_path / "link"), str(tmp_path / "dangling"), conf, str(tmp_path / "nowhere")],
+        "files": [conf + "/decode-0.toml", conf + "/decode-1.toml", conf + "/missing.toml", conf],
+        "globs": [conf + "/*.toml", str(tmp_path / "absent") + "/*.toml"]}, check_mode=True)
+    assert ran == []
+    assert result["changed"] is False
+    assert result["exists"] == {str(tmp_path / "link"): True, str(tmp_path / "dangling"): False, conf: True,
+                                str(tmp_path / "nowhere"): False}
+    # Base64 as slurp returns it; a missing file and a directory are left out, an empty file is there.
+    assert result["contents"] == {conf + "/decode-0.toml": "W3NlcnZlcl0KcG9ydCA9IDgyMDAK", conf + "/decode-1.toml": ""}
+    # Sorted; the hidden file is not matched by *, a directory that does not exist matches nothing.
+    assert result["matches"] == {conf + "/*.toml": [conf + "/decode-0.toml", conf + "/decode-1.toml"],
+                                 str(tmp_path / "absent") + "/*.toml": []}
+
+
+def test_an_unreadable_file_fails_with_its_path(commands, tmp_path, monkeypatch):
+    path = tmp_path / "api-keys"
+    path.write_text("k")
+
+    def refuse(*_args, **_kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("builtins.open", refuse)
+    failed = run_module(system_state.main, {"files": [str(path)]}, expect="fail")
+    assert failed["msg"] == f"cannot read {path}: Permission denied"
