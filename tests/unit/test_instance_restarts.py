@@ -27,6 +27,7 @@ ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 pytestmark = pytest.mark.skipif(not Path(ANSIBLE_PLAYBOOK).is_file() and not shutil.which("ansible-playbook"),
                                 reason="ansible-playbook is not installed")
 INSTANCES = [{"name": "a"}, {"name": "b"}, {"name": "c"}]
+ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text(encoding="utf-8"))
 
 
 def files(*changed_keys: str) -> dict[str, Any]:
@@ -83,8 +84,12 @@ CASES = {
 def _host(registered: dict[str, Any], running: list[str]) -> dict[str, Any]:
     host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
             "vllm_instance_instances": INSTANCES,
-            "__vllm_instance_active": {"stdout_lines": ["active" if i["name"] in running else "inactive"
-                                                        for i in INSTANCES]},
+            # The role's own definition (a template over vllm_instance_instances).
+            "_vllm_instance_units": ROLE_VARS["_vllm_instance_units"],
+            # What tasks/host_state.yml registered: systemctl show's block per unit, in the instances' order.
+            "__vllm_instance_host_state": {"systemd": "\n".join(
+                f"Id=vllm@{i['name']}.service\nUnitFileState=enabled\n"
+                f"ActiveState={'active' if i['name'] in running else 'inactive'}\n" for i in INSTANCES)},
             }
     names = {"launcher": "launcher_file", "files": "files", "units": "unit_files"}
     for key, name in names.items():
@@ -147,5 +152,5 @@ def test_the_handlers_restart_what_the_tasks_changed(decisions, case):
 def test_no_role_var_reads_registered_results():
     variables = (ROLE / "vars" / "main.yml").read_text(encoding="utf-8")
     for registered in ("__vllm_instance_files", "__vllm_instance_unit_files", "__vllm_instance_launcher_file",
-                       "__vllm_instance_active"):
+                       "__vllm_instance_host_state"):
         assert registered not in variables, registered
