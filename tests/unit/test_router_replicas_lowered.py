@@ -1,5 +1,6 @@
 """A lowered vllm_router_replicas (issue #24 point 5): the replicas past the new count are stopped and their ports
-files removed, by the role's own tasks of roles/vllm_router/tasks/service.yml (read from the file), run by the real
+files removed, by the role's own tasks of roles/vllm_router/tasks/service.yml (read from the file, after the read of
+tasks/host_state.yml that lists the ports files on the host before the run), run by the real
 ansible-playbook on localhost against a temporary directory; the systemd task is replaced by a debug task that
 names the units it would stop. The sandbox run that lowered 2 replicas to 1 under load (0 failed of 64) is in
 benchmarks/RESULTS.md."""
@@ -16,7 +17,8 @@ from monitoring_support import ANSIBLE_PLAYBOOK, REPO, run_playbook
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")
 
 SERVICE = REPO / "roles" / "vllm_router" / "tasks" / "service.yml"
-FIND = "Find the ports files of all replicas, to stop those past vllm_router_replicas"
+HOST_STATE = REPO / "roles" / "vllm_router" / "tasks" / "host_state.yml"
+ROLE_VARS = REPO / "roles" / "vllm_router" / "vars" / "main.yml"
 STOP = "Stop and disable the replicas past vllm_router_replicas"
 REMOVE = "Remove the ports files of the stopped replicas"
 
@@ -27,7 +29,7 @@ def task(name: str) -> dict[str, Any]:
 
 
 def plays(config_dir: str) -> list[dict[str, Any]]:
-    find = {k: v for k, v in task(FIND).items() if k != "when"}
+    (read,) = yaml.safe_load(HOST_STATE.read_text(encoding="utf-8"))
     stop = task(STOP)
     assert stop["ansible.builtin.systemd_service"] == {
         "name": "vllm-router@{{ __vllm_router_extra }}.service", "state": "stopped", "enabled": False}
@@ -38,7 +40,8 @@ def plays(config_dir: str) -> list[dict[str, Any]]:
         "hosts": "localhost",
         "gather_facts": False,
         "vars": {"vllm_router_config_dir": config_dir},
-        "tasks": [find, stop, task(REMOVE)],
+        "vars_files": [str(ROLE_VARS)],
+        "tasks": [read, stop, task(REMOVE)],
     }]
 
 
