@@ -121,6 +121,7 @@ import glob  # noqa: E402
 import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.module_utils._dpkg import dpkg_show  # noqa: E402
 
 
 def main():
@@ -135,13 +136,8 @@ def main():
         supports_check_mode=True,
     )
     packages, units = module.params["packages"], module.params["units"]
-    dpkg = systemd = ""
-    if packages:
-        # rc 1: a package dpkg does not know (it is left out of the output: missing).
-        rc, dpkg, err = module.run_command(
-            ["dpkg-query", "--show", "--showformat=${Package}\t${db:Status-Abbrev}\n", "--", *packages])
-        if rc not in (0, 1):
-            module.fail_json(msg=f"dpkg-query --show failed (rc {rc}): {err.strip()}", rc=rc)
+    systemd = ""
+    dpkg = dpkg_show(module, packages)
     if units:
         rc, systemd, _err = module.run_command(
             ["systemctl", "show", "--property=Id,UnitFileState,ActiveState", "--", *units])

@@ -19,6 +19,8 @@ description:
   - With O(marker), it also reads that file (the marker C(inferops.vllm.python_venv) writes into a version directory
     once its install is finished), so that the role's main entry point learns in the same run whether the install
     it wants is finished and already live, and skips its switch when it is.
+  - With O(packages), it also runs C(dpkg-query --show) for them (RV(dpkg)), so that the role learns which of its
+    system packages apt must install in the same run.
   - It changes nothing.
 author:
   - inferops.vllm developers (@inferops)
@@ -47,6 +49,13 @@ options:
       - A file to read as text, usually the marker of the version directory wanted. Missing, RV(marker) is null;
         any other error (a directory, no permission) fails the module.
     type: path
+  packages:
+    description:
+      - Debian package names for RV(dpkg). A name dpkg does not know is left out of it (so it counts as missing for
+        the filter C(inferops.vllm.dpkg_missing)); a failing C(dpkg-query) fails the module.
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -96,6 +105,13 @@ dirs:
       type: float
   sample:
     - {path: /opt/vllm/venv.d/3f2a9c0d1e4b, mtime: 1796490538.0}
+dpkg:
+  description:
+    - The output of C(dpkg-query --show --showformat='${Package}\t${db:Status-Abbrev}\n' -- PACKAGES), a line per
+      package of O(packages) dpkg knows; empty without O(packages).
+  returned: always
+  type: str
+  sample: "python3-venv\tii \n"
 """
 
 import grp  # noqa: E402 (imports follow the documentation, as Ansible modules do)
@@ -104,6 +120,7 @@ import pwd  # noqa: E402
 import stat  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.module_utils._dpkg import dpkg_show  # noqa: E402
 
 
 def name_of(lookup, number):
@@ -169,6 +186,7 @@ def main():
             "path": {"type": "path", "required": True},
             "versions_dir": {"type": "path", "required": True},
             "marker": {"type": "path"},
+            "packages": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -180,7 +198,7 @@ def main():
         except (OSError, UnicodeDecodeError) as e:
             module.fail_json(msg=f"cannot read {module.params['marker']}: {e}")
     module.exit_json(changed=False, islnk=islnk, live=live, owner=link_owner(module.params["path"]), marker=marker,
-                     dirs=dirs)
+                     dirs=dirs, dpkg=dpkg_show(module, module.params["packages"]))
 
 
 if __name__ == "__main__":

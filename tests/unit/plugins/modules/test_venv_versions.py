@@ -11,6 +11,7 @@ import pwd
 import pytest
 import yaml
 from ansible.module_utils import basic
+from ansible_collections.inferops.vllm.plugins.filter.dpkg import dpkg_missing
 from ansible_collections.inferops.vllm.plugins.modules import venv_versions
 from ansible_collections.inferops.vllm.tests.unit.plugins.modules.utils import (
     assert_documented_as_specified,
@@ -109,3 +110,28 @@ def test_the_owner_is_the_links_own_and_null_without_a_link(tmp_path):
     (tmp_path / "venv").unlink()
     (tmp_path / "venv").mkdir()
     assert run(tmp_path, versions)["owner"] is None
+
+
+def test_the_packages_are_read_in_the_same_run_for_the_roles_filter(tmp_path, monkeypatch):
+    """python_venv's system packages: dpkg-query's output for the filter dpkg_missing; nothing run without any."""
+    ran = []
+
+    def run_command(self, args, **kwargs):  # pylint: disable=unused-argument
+        ran.append(list(args))
+        return 1, "python3-venv\tii \nlibnuma1\trc \n", "dpkg-query: no packages found matching python3-packaging"
+
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    args = {"path": str(tmp_path / "venv"), "versions_dir": str(tmp_path / "venv.d")}
+    assert run_module(venv_versions.main, args)["dpkg"] == "" and ran == []
+    packages = ["python3-venv", "python3-packaging", "libnuma1"]
+    result = run_module(venv_versions.main, {**args, "packages": packages}, check_mode=True)
+    assert ran == [["dpkg-query", "--show", "--showformat=${Package}\t${db:Status-Abbrev}\n", "--", *packages]]
+    # Removed but configured ("rc") and unknown to dpkg (rc 1) are both missing.
+    assert dpkg_missing(result["dpkg"], packages) == ["python3-packaging", "libnuma1"]
+
+
+def test_a_failing_dpkg_query_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", lambda self, args, **kw: (2, "", "database locked\n"))
+    failed = run_module(venv_versions.main, {"path": str(tmp_path / "venv"), "versions_dir": str(tmp_path / "venv.d"),
+                                             "packages": ["python3-venv"]}, expect="fail")
+    assert failed["msg"] == "dpkg-query --show failed (rc 2): database locked"
