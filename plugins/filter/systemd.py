@@ -33,6 +33,17 @@ def _blocks(output):
     return blocks
 
 
+def _unit_blocks(name, output, units):
+    """The unit names and their blocks of ``output`` (None when they do not match one to one); bad input refused."""
+    if isinstance(units, (str, bytes, Mapping)) or not isinstance(units, Iterable):
+        raise AnsibleFilterError(f"{name}: the units are {units!r}, not a list of unit names.")
+    if not isinstance(output, str):
+        raise AnsibleFilterError(f"{name}: the systemctl output is {output!r}, not a text.")
+    units = [str(unit) for unit in units]
+    blocks = _blocks(output)
+    return units, (blocks if len(blocks) == len(units) else None)
+
+
 def systemd_pending(output, units):
     """The entries of ``units`` that ``output`` does not show as enabled and active, in their order.
 
@@ -40,13 +51,8 @@ def systemd_pending(output, units):
     units (systemctl prints one block per unit, in the order asked). When the blocks do not match the units
     one to one, every unit is returned: the caller's systemd_service loop then decides, as it did before.
     """
-    if isinstance(units, (str, bytes, Mapping)) or not isinstance(units, Iterable):
-        raise AnsibleFilterError(f"systemd_pending: the units are {units!r}, not a list of unit names.")
-    if not isinstance(output, str):
-        raise AnsibleFilterError(f"systemd_pending: the systemctl output is {output!r}, not a text.")
-    units = [str(unit) for unit in units]
-    blocks = _blocks(output)
-    if len(blocks) != len(units):
+    units, blocks = _unit_blocks("systemd_pending", output, units)
+    if blocks is None:
         return units
     return [
         unit
@@ -61,13 +67,8 @@ def systemd_active(output, units):
     ``output`` is as for systemd_pending. When the blocks do not match the units one to one (systemctl failed:
     no systemd), every unit's state is ``unknown``: none counts as running.
     """
-    if isinstance(units, (str, bytes, Mapping)) or not isinstance(units, Iterable):
-        raise AnsibleFilterError(f"systemd_active: the units are {units!r}, not a list of unit names.")
-    if not isinstance(output, str):
-        raise AnsibleFilterError(f"systemd_active: the systemctl output is {output!r}, not a text.")
-    units = [str(unit) for unit in units]
-    blocks = _blocks(output)
-    if len(blocks) != len(units):
+    units, blocks = _unit_blocks("systemd_active", output, units)
+    if blocks is None:
         return ["unknown"] * len(units)
     return [block.get("ActiveState") or "unknown" for block in blocks]
 
