@@ -34,6 +34,8 @@ API_KEY = "template-test-instance-key-0001"
 
 
 def _ansible_playbook() -> str | None:
+    if os.environ.get("INFEROPS_ANSIBLE_PLAYBOOK"):  # conftest.py's client of playbook_server.py
+        return os.environ["INFEROPS_ANSIBLE_PLAYBOOK"]
     beside = Path(sys.executable).parent / "ansible-playbook"
     return str(beside) if beside.is_file() else shutil.which("ansible-playbook")
 

@@ -33,6 +33,10 @@ RECAP_RE = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\
 
 
 def _ansible_playbook() -> str | None:
+    # conftest.py's client of tests/unit/playbook_server.py: the same ansible-playbook, forked from a process that
+    # imported Ansible once (INFEROPS_PLAYBOOK_SERVER=0 runs the command itself).
+    if os.environ.get("INFEROPS_ANSIBLE_PLAYBOOK"):
+        return os.environ["INFEROPS_ANSIBLE_PLAYBOOK"]
     beside = Path(sys.executable).parent / "ansible-playbook"
     return str(beside) if beside.is_file() else shutil.which("ansible-playbook")
 
