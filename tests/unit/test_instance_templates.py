@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -27,20 +26,13 @@ import pytest
 import yaml
 from ansible_collections.inferops.vllm.plugins.plugin_utils import _preflight as pf
 from ansible_collections.inferops.vllm.tests.unit.plugins.filter.utils import launcher
+from ansible_collections.inferops.vllm.tests.unit.test_preflight_inventories import ANSIBLE_PLAYBOOK
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "vllm_instance"
 API_KEY = "template-test-instance-key-0001"
 
 
-def _ansible_playbook() -> str | None:
-    if os.environ.get("INFEROPS_ANSIBLE_PLAYBOOK"):  # conftest.py's client of playbook_server.py
-        return os.environ["INFEROPS_ANSIBLE_PLAYBOOK"]
-    beside = Path(sys.executable).parent / "ansible-playbook"
-    return str(beside) if beside.is_file() else shutil.which("ansible-playbook")
-
-
-ANSIBLE_PLAYBOOK = _ansible_playbook()
 pytestmark = pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook is not installed")
 
 
