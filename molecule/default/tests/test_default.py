@@ -253,9 +253,11 @@ def test_vllms_nixl_core_reservation_keeps_to_the_instances_cores(prefill_host, 
 
 
 def test_every_thread_of_an_instance_runs_on_its_cpus(prefill_host, decode_host):
-    """The instances' cpus (inventories/sandbox: prefill-0 core 0, decode-0 core 1): vLLM's NIXL connector used to
-    move the model's thread to the host's last core, and the API server and engine core floated over every core."""
-    instances = (("vllm@prefill-0.service", prefill_host, [0]), ("vllm@decode-0.service", decode_host, [1]))
+    """The instances' cpus (inventories/sandbox: prefill-0 core 0, decode-0 core 1; molecule's decode-1 core 0, beside
+    decode-0 on its host): vLLM's NIXL connector used to move the model's thread to the host's last core, and the
+    API server and engine core floated over every core."""
+    instances = (("vllm@prefill-0.service", prefill_host, [0]), ("vllm@decode-0.service", decode_host, [1]),
+                 ("vllm@decode-1.service", decode_host, [0]))
     for unit, host, cpus in instances:
         threads = json.loads(host.check_output("python3 -c %s %s", _UNIT_AFFINITY_SCRIPT, unit))
         assert len(threads) > 20, (unit, threads)  # the launcher, API server, engine core and worker, with threads
